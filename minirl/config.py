@@ -1,0 +1,179 @@
+"""One flat config for a training run: defaults here, then a YAML file (`--config f.yaml`), then `--key value`.
+
+    python train.py                                   # the built-in toy run
+    python train.py --config recipes/gsm8k.yaml --lr 2e-6 --max_steps 50
+
+Every field is a plain value whose meaning the comment gives. A field typed `Literal[...]` accepts only those
+strings; an unknown key, a value of the wrong type or a choice outside the list raises `ConfigError` naming
+the key and what it accepts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+
+@dataclass
+class Config:
+    # --- model ---------------------------------------------------------------------------------------------
+    model_name_or_path: str = "tiny"      # a folder `from_pretrained` reads; "tiny" builds the built-in toy model
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = "auto"  # auto: flash-attn if importable, else sdpa
+    gradient_checkpointing: bool = False  # recompute activations in backward; generation still uses the KV cache
+    # --- data ----------------------------------------------------------------------------------------------
+    train_files: str = "data/arith_train.jsonl"  # comma-separated .jsonl/.json/.parquet in veRL's row format
+    val_files: str = "data/arith_test.jsonl"     # held-out rows for accuracy before/after (and every val_every)
+    val_max_samples: int = 200            # cap on held-out rows scored (0 = all)
+    max_prompt_length: int = 512          # prompts longer than this (in tokens) are dropped, with a count printed
+    # --- rollout -------------------------------------------------------------------------------------------
+    prompts_per_step: int = 16            # B: prompts per training step (per process)
+    group_size: int = 8                   # G: completions sampled per prompt; GRPO compares within a group
+    max_new_tokens: int = 8               # response budget; a completion that hits it is "truncated"
+    temperature: float = 1.0              # sampling temperature for rollouts (1.0 = the policy's own distribution)
+    top_p: float = 1.0
+    top_k: int = 0                        # 0 disables top-k
+    # --- algorithm -----------------------------------------------------------------------------------------
+    adv_estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"  # see loss.group_advantages
+    adv_std: Literal["unbiased", "population"] = "unbiased"     # verl: unbiased (torch.std default); TRL: population
+    adv_eps: float = 1e-6                 # added to the group std (verl 1e-6, TRL 1e-4)
+    policy_loss: Literal["ppo", "cispo", "importance_sampling"] = "ppo"  # see loss.policy_loss
+    clip_low: float = 0.2                 # ratio clipped to [1-clip_low, 1+clip_high] (PPO, Schulman et al. 2017)
+    clip_high: float = 0.2                # DAPO's clip-higher uses 0.28 (Yu et al. 2025)
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                           "seq-mean-token-sum-norm"] = "token-mean"  # see loss.aggregate
+    kl_coef: float = 0.0                  # weight of the KL-to-reference loss; 0 = no reference model at all
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"  # Schulman's estimators, see loss.kl_penalty
+    ppo_epochs: int = 1                   # passes over each rollout batch
+    mini_batches: int = 1                 # optimizer steps per pass; >1 makes later steps off-policy (ratio != 1)
+    micro_batch_size: int = 32            # sequences per forward/backward; does not change the result, only memory
+    # --- optimizer -----------------------------------------------------------------------------------------
+    lr: float = 2e-4                      # the toy model's rate; full fine-tuning of a 1-7B model wants ~1e-6
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.99
+    warmup_steps: int = 5                 # linear warm-up of the learning rate, then constant
+    max_grad_norm: float = 1.0            # clip the global gradient norm (0 disables)
+    # --- run -----------------------------------------------------------------------------------------------
+    max_steps: int = 120                  # training steps (each: sample -> score -> update)
+    seed: int = 0
+    output_dir: str = "runs/default"      # metrics.jsonl and the final model go here
+    val_every: int = 0                    # also validate every N steps (0 = only before and after)
+    val_greedy: bool = True               # validation decodes greedily; False samples with `temperature`
+
+
+class ConfigError(ValueError):
+    """A bad config key or value; the message names the key and what it accepts."""
+
+
+def _field_types() -> dict[str, Any]:
+    hints = typing.get_type_hints(Config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Config)}
+
+
+def _convert(key: str, value: Any, typ: Any) -> Any:
+    """Check/convert one value (from YAML or a command-line string) against the field's type."""
+    if typing.get_origin(typ) is Literal:
+        choices = typing.get_args(typ)
+        if value not in choices:
+            raise ConfigError(f"config key '{key}': {value!r} is not one of {list(choices)}")
+        return value
+    from_cli = isinstance(value, str)
+    try:
+        if typ is bool:
+            if isinstance(value, bool):
+                return value
+            if from_cli and value.lower() in ("true", "1", "yes"):
+                return True
+            if from_cli and value.lower() in ("false", "0", "no"):
+                return False
+            raise ValueError
+        if typ is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if typ is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if typ is str:
+            if isinstance(value, (list, tuple)):  # YAML lists of files are accepted for *_files
+                return ",".join(map(str, value))
+            return str(value)
+    except (TypeError, ValueError):
+        pass
+    raise ConfigError(f"config key '{key}': expected {typ.__name__}, got {value!r}")
+
+
+def _apply(cfg: Config, overrides: dict[str, Any], where: str) -> None:
+    types = _field_types()
+    for key, value in overrides.items():
+        key = key.replace("-", "_")
+        if key not in types:
+            import difflib
+            close = difflib.get_close_matches(key, types, n=3)
+            hint = f" Did you mean {close}?" if close else f" Valid keys: {sorted(types)}"
+            raise ConfigError(f"unknown config key '{key}' ({where}).{hint}")
+        setattr(cfg, key, _convert(key, value, types[key]))
+
+
+def validate(cfg: Config) -> None:
+    """Range checks that types alone cannot express."""
+    positive = ["prompts_per_step", "group_size", "max_new_tokens", "micro_batch_size", "ppo_epochs",
+                "mini_batches", "max_prompt_length"]
+    for key in positive:
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"config key '{key}' must be >= 1, got {getattr(cfg, key)}")
+    for key in ["lr", "kl_coef", "clip_low", "clip_high", "max_grad_norm", "adv_eps", "weight_decay"]:
+        if getattr(cfg, key) < 0:
+            raise ConfigError(f"config key '{key}' must be >= 0, got {getattr(cfg, key)}")
+    if cfg.temperature <= 0 or not 0 < cfg.top_p <= 1:
+        raise ConfigError("config keys 'temperature' must be > 0 and 'top_p' in (0, 1]")
+    if cfg.adv_estimator in ("grpo", "rloo") and cfg.group_size < 2:
+        raise ConfigError(f"config key 'group_size' must be >= 2 for adv_estimator={cfg.adv_estimator!r}")
+    if cfg.prompts_per_step % cfg.mini_batches:
+        raise ConfigError(f"config key 'mini_batches' ({cfg.mini_batches}) must divide 'prompts_per_step' "
+                          f"({cfg.prompts_per_step}) so that groups are not split across optimizer steps")
+
+
+def parse_config(argv: list[str] | None = None) -> Config:
+    """Defaults <- `--config file.yaml` <- `--key value` pairs (later wins)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cfg = Config()
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        for f in dataclasses.fields(Config):
+            print(f"  --{f.name} {f.default!r}")
+        raise SystemExit(0)
+    pairs: dict[str, str] = {}
+    config_file = None
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"expected --key value, got {arg!r}")
+        key, eq, value = arg[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(argv):
+                raise ConfigError(f"config key '{key}' has no value")
+            value, i = argv[i + 1], i + 1
+        i += 1
+        if key == "config":
+            config_file = value
+        else:
+            pairs[key] = value
+    if config_file is not None:
+        import yaml
+        path = Path(config_file)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of key: value")
+        _apply(cfg, data, f"in {path}")
+    _apply(cfg, pairs, "on the command line")
+    validate(cfg)
+    return cfg

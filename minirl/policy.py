@@ -1,0 +1,107 @@
+"""Load the policy (model + tokenizer) and compute per-token log-probabilities of responses.
+
+`token_logprobs` is the trainer's teacher-forced forward pass. It never builds the (N, T, V) fp32
+log-softmax that `log_softmax(logits).gather(...)` would: it runs the transformer body once, then applies the
+LM head to chunks of response positions, keeping only logsumexp and the gathered logit of each token. Under
+autograd each chunk is checkpointed, so its (chunk, V) logits are recomputed in backward instead of being
+stored (peak memory ~ one chunk of logits instead of the whole batch's; scripts/bench_logprobs.py measures).
+
+Shapes: N sequences, P prompt tokens (left-padded), R response tokens (right-padded), V vocabulary, H hidden.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+
+def resolve_model_path(name: str) -> str:
+    """"tiny" -> the built-in toy model (built once, cached); anything else is passed to from_pretrained."""
+    if name == "tiny":
+        from minirl.tiny import tiny_model_path
+        return str(tiny_model_path())
+    if name.startswith((".", "/", "~")) and not Path(name).expanduser().exists():
+        raise FileNotFoundError(f"model_name_or_path {name!r} does not exist; pass a folder written by "
+                                "save_pretrained, or 'tiny' for the built-in toy model")
+    return str(Path(name).expanduser()) if Path(name).expanduser().exists() else name
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def pick_attn_implementation(name: str) -> str:
+    if name != "auto":
+        return name
+    try:
+        import flash_attn  # noqa: F401  (GPU only, optional: requirements-gpu.txt)
+        return "flash_attention_2" if torch.cuda.is_available() else "sdpa"
+    except ImportError:
+        return "sdpa"
+
+
+def load_tokenizer(path: str):
+    """AutoTokenizer with left padding (generation appends on the right) and a pad token."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:  # many base models ship none; eos is safe because masks exclude padding
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(path: str, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa",
+               gradient_checkpointing: bool = False):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+    if gradient_checkpointing:
+        # non-reentrant checkpointing works with frozen inputs (LoRA) and with FSDP
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding, as `generate` computes them: the first real token is position 0."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _chunk_logp_entropy(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module):
+    """hidden (n, H), targets (n,) -> logp (n,), entropy (n,) in fp32; the (n, V) logits die here."""
+    logits = lm_head(hidden).float()                                       # (n, V)
+    logz = torch.logsumexp(logits, dim=-1)                                 # (n,)
+    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - logz
+    with torch.no_grad():  # entropy is a metric: no graph for it
+        entropy = logz - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return logp, entropy
+
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int,
+                   chunk_tokens: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """log pi(y_t | x, y_<t) and the policy's entropy at each response position.
+
+    input_ids/attention_mask: (N, P+R), prompt left-padded then response right-padded. Returns two (N, R)
+    fp32 tensors aligned with the response tokens (values at padding are meaningless; mask them).
+    """
+    R = num_response_tokens
+    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
+                     position_ids=position_ids_from_mask(attention_mask), use_cache=False).last_hidden_state
+    # position t predicts token t+1: the states before each response token
+    hidden = hidden[:, -R - 1:-1]                                          # (N, R, H)
+    N, _, H = hidden.shape
+    flat_h, flat_y = hidden.reshape(N * R, H), input_ids[:, -R:].reshape(N * R)
+    logps, entropies = [], []
+    for s in range(0, N * R, chunk_tokens):
+        h, y = flat_h[s:s + chunk_tokens], flat_y[s:s + chunk_tokens]
+        if torch.is_grad_enabled():
+            lp, ent = checkpoint(_chunk_logp_entropy, h, y, lm_head, use_reentrant=False)
+        else:
+            lp, ent = _chunk_logp_entropy(h, y, lm_head)
+        logps.append(lp)
+        entropies.append(ent)
+    return torch.cat(logps).view(N, R), torch.cat(entropies).view(N, R)

@@ -1,0 +1,86 @@
+"""Rollouts: sample G completions per prompt with Hugging Face `generate`.
+
+`sample` is the first of the four stages of a training step (sample -> score -> forward_backward -> optim_step).
+It uses the KV cache, left padding and `num_return_sequences=G`, so each prompt is prefilled once and its G
+samples share that prefill. Every sampling parameter is passed explicitly in a fresh `GenerationConfig`, so a
+model's shipped `generation_config.json` (a repetition penalty, a default top_p, ...) cannot change the
+sampling distribution the loss assumes.
+
+Shapes: B prompts, G samples per prompt, N = B*G sequences (group by group: rows i*G..i*G+G-1 belong to
+prompt i), P prompt tokens (left-padded), R <= max_new_tokens response tokens (right-padded).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Rollout:
+    prompt_ids: torch.Tensor      # (N, P) left-padded
+    prompt_mask: torch.Tensor     # (N, P) 1 on real prompt tokens
+    response_ids: torch.Tensor    # (N, R) right-padded
+    response_mask: torch.Tensor   # (N, R) 1 on generated tokens up to and including the first EOS
+    truncated: torch.Tensor       # (N,) bool: no EOS within max_new_tokens
+    texts: list[str]              # N decoded completions (special tokens removed)
+    group_size: int
+
+    @property
+    def input_ids(self) -> torch.Tensor:      # (N, P+R), the layout token_logprobs expects
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:  # (N, P+R)
+        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+
+
+def response_mask_from_ids(response_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """1 up to and including the first EOS, 0 after it. Returns (mask (N, R), truncated (N,) bool)."""
+    is_eos = torch.isin(response_ids, torch.tensor(eos_ids, device=response_ids.device))
+    eos_seen_before = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0    # strictly before position t
+    mask = (~eos_seen_before).long()
+    truncated = ~is_eos.any(dim=1)
+    return mask, truncated
+
+
+def eos_token_ids(tokenizer, model) -> list[int]:
+    """The tokenizer's EOS plus any the model's generation config names (chat models often have several)."""
+    ids = {tokenizer.eos_token_id}
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(extra if isinstance(extra, list) else [extra])
+    return sorted(i for i in ids if i is not None)
+
+
+@torch.no_grad()
+def sample(model, tokenizer, prompts: list[str], group_size: int, max_new_tokens: int,
+           temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False) -> Rollout:
+    """Generate `group_size` completions for each prompt string (chat template already applied)."""
+    from transformers import GenerationConfig
+
+    device = next(model.parameters()).device
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    eos_ids = eos_token_ids(tokenizer, model)
+    # generate() fills every field we leave unset (None) from the model's generation_config, then from HF's
+    # global defaults (top_k=50!). So start from those global defaults and set every sampling field ourselves.
+    fields = {k: v for k, v in GenerationConfig._get_default_generation_params().items() if k != "max_length"}
+    fields.update(
+        do_sample=not greedy, temperature=1.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
+        top_k=0 if greedy else top_k, max_new_tokens=max_new_tokens, min_new_tokens=0,
+        num_return_sequences=group_size, use_cache=True, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=eos_ids)
+    gen_config = GenerationConfig(**fields)
+    was_training = model.training
+    model.eval()  # dropout off; gradient checkpointing is a training-mode feature, so the KV cache stays on
+    out = model.generate(**enc, generation_config=gen_config)              # (N, P + R')
+    model.train(was_training)
+    P = enc.input_ids.shape[1]
+    response_ids = out[:, P:]
+    mask, truncated = response_mask_from_ids(response_ids, eos_ids)
+    response_ids = response_ids.masked_fill(mask == 0, tokenizer.pad_token_id)
+    # generate pads rows that stopped early; the mask above already covers them
+    texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+    return Rollout(
+        prompt_ids=enc.input_ids.repeat_interleave(group_size, dim=0),
+        prompt_mask=enc.attention_mask.repeat_interleave(group_size, dim=0),
+        response_ids=response_ids, response_mask=mask, truncated=truncated, texts=texts, group_size=group_size)

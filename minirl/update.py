@@ -1,0 +1,101 @@
+"""The update stages of a training step: `forward_backward` (loss, gradients) and `optim_step`.
+
+Both stand on their own (they take a model, tensors and numbers; no trainer object), so a user's own loop can
+call them in any order, e.g. several forward_backward calls before one optim_step.
+
+`forward_backward` walks one optimizer step's sequences in micro-batches. Each micro-batch's loss is
+normalised by counts of the *whole step* (`num_tokens`, `num_seqs`), so summing the gradients of the
+micro-batches gives exactly the gradient of the full batch, whatever the micro-batch size.
+
+Shapes: N sequences in the step, P prompt tokens, R response tokens.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from minirl.loss import aggregate, kl_penalty, policy_loss
+from minirl.policy import token_logprobs
+
+
+@dataclass
+class LossSettings:
+    """The loss's knobs, taken from the config (see minirl/config.py for their meaning)."""
+    policy_loss: str = "ppo"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    loss_agg_mode: str = "token-mean"
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    max_new_tokens: int | None = None  # Dr. GRPO's constant normaliser (seq-mean-token-sum-norm)
+
+    @classmethod
+    def from_config(cls, cfg) -> "LossSettings":
+        return cls(cfg.policy_loss, cfg.clip_low, cfg.clip_high, cfg.loss_agg_mode, cfg.kl_coef,
+                   cfg.kl_estimator, cfg.max_new_tokens)
+
+
+def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, micro_batch_size: int,
+                     num_tokens: float, num_seqs: float, loss_scale: float = 1.0,
+                     backward: Callable[[torch.Tensor], None] = torch.Tensor.backward) -> dict[str, float]:
+    """Accumulate the policy gradient of one optimizer step into `model`'s .grad.
+
+    batch: input_ids (N, P+R), attention_mask (N, P+R), response_mask (N, R), old_logp (N, R),
+           advantages (N,) or (N, R), and ref_logp (N, R) when loss.kl_coef > 0.
+    num_tokens / num_seqs: response tokens / sequences in the whole step (all processes).
+    loss_scale: multiplies the loss; the trainer passes the number of processes, because data-parallel
+           backends *average* gradients over processes while we want the sum over all of the step's tokens.
+    Returns metrics (verl names, without the "actor/" prefix), each a mean over the step's tokens.
+    """
+    R = batch["response_mask"].shape[1]
+    N = batch["input_ids"].shape[0]
+    sums = {"pg_loss": 0.0, "kl_loss": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0, "entropy": 0.0}
+    local_tokens = float(batch["response_mask"].sum())
+    for s in range(0, N, micro_batch_size):
+        mb = {k: v[s:s + micro_batch_size] for k, v in batch.items()}
+        mask = mb["response_mask"]
+        logp, entropy = token_logprobs(model, mb["input_ids"], mb["attention_mask"], R)   # (n, R) each
+        pg_loss, metrics = policy_loss(logp, mb["old_logp"], mb["advantages"], mask, kind=loss.policy_loss,
+                                       clip_low=loss.clip_low, clip_high=loss.clip_high, agg=loss.loss_agg_mode,
+                                       max_len=loss.max_new_tokens, num_tokens=num_tokens, num_seqs=num_seqs)
+        total = pg_loss
+        if loss.kl_coef > 0:
+            kl = kl_penalty(logp, mb["ref_logp"], loss.kl_estimator)
+            kl_loss = aggregate(kl, mask, loss.loss_agg_mode, max_len=loss.max_new_tokens,
+                                num_tokens=num_tokens, num_seqs=num_seqs)
+            total = total + loss.kl_coef * kl_loss
+            sums["kl_loss"] += float(kl_loss.detach())
+        backward(total * loss_scale)
+        n_tok = float(mask.sum())
+        sums["pg_loss"] += float(pg_loss.detach())
+        sums["pg_clipfrac"] += float(metrics["pg_clipfrac"]) * n_tok
+        sums["ppo_kl"] += float(metrics["ppo_kl"]) * n_tok
+        sums["entropy"] += float((entropy * mask).sum())
+    for k in ("pg_clipfrac", "ppo_kl", "entropy"):
+        sums[k] /= max(local_tokens, 1.0)
+    return sums
+
+
+def optim_step(model, optimizer: torch.optim.Optimizer, scheduler=None, max_grad_norm: float = 1.0) -> float:
+    """Clip the global gradient norm, step the optimizer and the LR schedule, clear gradients.
+
+    Returns the pre-clipping gradient norm. A non-finite norm (an fp16/bf16 overflow, a NaN reward) skips
+    the update instead of writing NaNs into the weights.
+    """
+    params = [p for p in model.parameters() if p.grad is not None]
+    limit = max_grad_norm if max_grad_norm > 0 else float("inf")
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, limit)) if params else 0.0
+    if torch.isfinite(torch.tensor(grad_norm)):
+        optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
+def warmup_constant_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int):
+    """Linear warm-up from 0 over `warmup_steps` optimizer steps, then constant (verl's default)."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0)

@@ -1,0 +1,81 @@
+import torch
+
+from minirl.policy import token_logprobs
+from minirl.rollout import response_mask_from_ids, sample
+
+PROMPTS = ["<|im_start|>user\nWhat is 3+4?<|im_end|>\n<|im_start|>assistant\n",
+           "<|im_start|>user\nWhat is 12+45 and then a longer tail?<|im_end|>\n<|im_start|>assistant\n"]
+
+
+def test_response_mask_stops_after_first_eos():
+    ids = torch.tensor([[5, 6, 2, 7, 2], [5, 6, 7, 8, 9], [2, 0, 0, 0, 0]])
+    mask, truncated = response_mask_from_ids(ids, eos_ids=[2])
+    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
+    assert truncated.tolist() == [False, True, False]
+
+
+def test_left_padded_prompt_gives_same_greedy_output_as_unpadded(random_model, tiny_tokenizer):
+    batched = sample(random_model, tiny_tokenizer, PROMPTS, group_size=1, max_new_tokens=6, greedy=True)
+    for i, p in enumerate(PROMPTS):
+        alone = sample(random_model, tiny_tokenizer, [p], group_size=1, max_new_tokens=6, greedy=True)
+        n = int(alone.response_mask.sum())
+        assert batched.response_ids[i, :n].tolist() == alone.response_ids[0, :n].tolist()
+        assert batched.texts[i] == alone.texts[0]
+    assert batched.prompt_mask[0].sum() < batched.prompt_mask[1].sum()  # the first one really was padded
+
+
+def test_sample_shapes_groups_and_masks(random_model, tiny_tokenizer):
+    torch.manual_seed(0)
+    r = sample(random_model, tiny_tokenizer, PROMPTS, group_size=3, max_new_tokens=5)
+    N = 6
+    assert r.prompt_ids.shape[0] == N and r.response_ids.shape[0] == N and len(r.texts) == N
+    assert r.response_ids.shape[1] <= 5 and r.truncated.shape == (N,)
+    assert torch.equal(r.prompt_ids[0], r.prompt_ids[2]) and not torch.equal(r.prompt_ids[2], r.prompt_ids[3])
+    pad = tiny_tokenizer.pad_token_id
+    assert (r.response_ids[r.response_mask == 0] == pad).all()
+    lengths = r.response_mask.sum(1)
+    assert ((lengths == r.response_ids.shape[1]) | ~r.truncated).all()  # truncated => used the whole budget
+
+
+def test_model_generation_config_cannot_change_sampling(random_model, tiny_tokenizer):
+    base = sample(random_model, tiny_tokenizer, PROMPTS, 1, 6, greedy=True).texts
+    random_model.generation_config.repetition_penalty = 50.0
+    random_model.generation_config.max_new_tokens = 1
+    random_model.generation_config.no_repeat_ngram_size = 1
+    assert sample(random_model, tiny_tokenizer, PROMPTS, 1, 6, greedy=True).texts == base
+
+
+def test_generation_uses_kv_cache_with_gradient_checkpointing_on(random_model, tiny_tokenizer):
+    base = sample(random_model, tiny_tokenizer, PROMPTS, 1, 6, greedy=True).texts
+    random_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    random_model.train()
+    calls = []
+    orig = random_model.forward
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("past_key_values") is not None and kwargs["input_ids"].shape[1] == 1)
+        return orig(*args, **kwargs)
+
+    random_model.forward = spy
+    assert sample(random_model, tiny_tokenizer, PROMPTS, 1, 6, greedy=True).texts == base
+    assert random_model.training  # training mode restored afterwards
+    assert sum(calls) >= 1        # decoding steps fed one token against a cache
+
+
+def test_token_logprobs_match_naive_log_softmax_and_ignore_padding(random_model, tiny_tokenizer):
+    torch.manual_seed(0)
+    r = sample(random_model, tiny_tokenizer, PROMPTS, group_size=2, max_new_tokens=5)
+    R = r.response_ids.shape[1]
+    ids, attn = r.input_ids, r.attention_mask
+    logp, ent = token_logprobs(random_model, ids, attn, R, chunk_tokens=3)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    logits = random_model(input_ids=ids, attention_mask=attn, position_ids=pos).logits
+    naive = torch.log_softmax(logits.float(), -1)[:, -R - 1:-1].gather(-1, ids[:, -R:, None]).squeeze(-1)
+    m = r.response_mask.bool()
+    assert torch.allclose(logp[m], naive[m], atol=1e-5)
+    assert (ent[m] > 0).all() and torch.isfinite(ent[m]).all()
+    # row 2 alone (no left padding needed for it): same log-probs as inside the padded batch
+    row = 0  # the shorter prompt, left-padded in the batch
+    keep = attn[row].bool()
+    alone, _ = token_logprobs(random_model, ids[row:row + 1, keep], attn[row:row + 1, keep], R)
+    assert torch.allclose(alone[0][m[row]], logp[row][m[row]], atol=1e-5)
