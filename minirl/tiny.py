@@ -7,13 +7,17 @@ builds its own model here, offline:
    task's text, with a chat template, saved as a plain `PreTrainedTokenizerFast` so that `AutoTokenizer`
    loads it back exactly (`Qwen2Tokenizer` would rebuild its own pre-tokenizer and tokenise differently);
 2. a 4-layer Qwen2-architecture model (~0.8M parameters) from a config;
-3. a *short* supervised warm-up on worked answers, so the model knows the answer format and gets some sums
-   right: RL needs a policy whose samples are sometimes correct (a group with all-zero rewards has no signal).
+3. a short supervised warm-up that teaches the answer format *and a systematic slip*: 60% of its examples
+   answer a+b+1. The warmed model's most likely answer is then usually wrong, yet the right one keeps plenty
+   of probability mass. That is the regime RL for reasoning lives in (the base model can solve the problem
+   sometimes; RL makes it do so reliably), and it gives every group of samples a learning signal, so a CPU
+   run shows the effect in minutes. Without the slip the warm-up alone would solve the task.
 
 The result is saved with `save_pretrained` into a cache folder (built once, atomically) and from then on is
 loaded like any hub model, with `from_pretrained(path)`.
 
-The task: "What is 47+38?" -> "#### 85". Rewards are checked by `rewards.gsm8k_reward`, the same function
+The task: one-digit sums, "What is 7+8?" -> "#### 15" (100 distinct problems, so held-out rows are new draws
+from the same table, not unseen pairs: this demo measures RL sharpening a policy, not generalisation). Rewards are checked by `rewards.gsm8k_reward`, the same function
 that scores real GSM8K, so the toy run exercises the real reward path.
 """
 from __future__ import annotations
@@ -32,12 +36,11 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-BUILD_VERSION = "v1"  # bump when the recipe below changes, so stale caches are rebuilt
+BUILD_VERSION = "v2"  # bump when the recipe below changes, so stale caches are rebuilt
 
 
-def arithmetic_rows(n: int, seed: int, split: str, lo: int = 0, hi: int = 99) -> list[dict]:
-    """`n` veRL-format rows of "a+b" with a, b in [lo, hi]; `seed` fixes them (train and test use different
-    seeds, and test rows that also occur in train are still possible but rare: 2 in 10,000 pairs)."""
+def arithmetic_rows(n: int, seed: int, split: str, lo: int = 0, hi: int = 9) -> list[dict]:
+    """`n` veRL-format rows of "a+b" with a, b drawn uniformly from [lo, hi]; `seed` fixes them."""
     rng = random.Random(seed)
     rows = []
     for i in range(n):
@@ -52,9 +55,10 @@ def arithmetic_rows(n: int, seed: int, split: str, lo: int = 0, hi: int = 99) ->
     return rows
 
 
-def toy_completion(row: dict) -> str:
-    """The reference completion used by the supervised warm-up."""
-    return f"#### {row['reward_model']['ground_truth']}"
+def toy_completion(row: dict, slip: bool = False) -> str:
+    """The warm-up's target: the right answer, or with `slip` the systematic mistake a+b+1."""
+    answer = int(row["reward_model"]["ground_truth"]) + int(slip)
+    return f"#### {answer}"
 
 
 # Qwen2's own pre-tokenizer split (one digit per token). `AutoTokenizer` loads a `model_type=qwen2` folder as
@@ -94,9 +98,10 @@ def build_model(vocab_size: int, seed: int, eos_id: int, pad_id: int):
     return Qwen2ForCausalLM(config)
 
 
-def supervised_warmup(model, tokenizer, rows: list[dict], steps: int, batch_size: int = 64, lr: float = 3e-3,
-                      seed: int = 0) -> None:
-    """Plain next-token cross-entropy on completion tokens only (prompt tokens are masked with -100)."""
+def supervised_warmup(model, tokenizer, rows: list[dict], steps: int, batch_size: int = 64, lr: float = 1e-3,
+                      slip_rate: float = 0.6, seed: int = 0) -> None:
+    """Next-token cross-entropy on completion tokens only (prompt tokens are masked with -100); a fraction
+    `slip_rate` of the targets carry the a+b+1 slip. (lr 3e-3 stalls this model at a loss of ~0.6.)"""
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
@@ -104,7 +109,8 @@ def supervised_warmup(model, tokenizer, rows: list[dict], steps: int, batch_size
         batch = rng.sample(rows, batch_size)
         prompts = [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
                    for r in batch]
-        fulls = [p + toy_completion(r) + tokenizer.eos_token for p, r in zip(prompts, batch)]
+        fulls = [p + toy_completion(r, slip=rng.random() < slip_rate) + tokenizer.eos_token
+                 for p, r in zip(prompts, batch)]
         enc = tokenizer(fulls, return_tensors="pt", padding=True, add_special_tokens=False)
         labels = enc.input_ids.clone()
         labels[enc.attention_mask == 0] = -100
@@ -116,17 +122,15 @@ def supervised_warmup(model, tokenizer, rows: list[dict], steps: int, batch_size
         loss = model(input_ids=enc.input_ids, attention_mask=enc.attention_mask, position_ids=position_ids,
                      labels=labels).loss
         loss.backward()
-        for g in opt.param_groups:  # linear decay keeps the end of the warm-up stable
-            g["lr"] = lr * (1 - step / steps)
         opt.step()
         opt.zero_grad(set_to_none=True)
     model.eval()
 
 
-def build_tiny(out_dir: str | Path, warmup_steps: int = 150, seed: int = 0, hi: int = 99) -> Path:
+def build_tiny(out_dir: str | Path, warmup_steps: int = 200, seed: int = 0) -> Path:
     """Build tokenizer + model + warm-up and `save_pretrained` both into `out_dir` (atomically)."""
     out_dir = Path(out_dir)
-    train_rows = arithmetic_rows(20_000, seed=1234, split="warmup", hi=hi)
+    train_rows = arithmetic_rows(20_000, seed=1234, split="warmup")
     texts = []
     for r in train_rows[:5000]:
         texts += [r["prompt"][0]["content"], toy_completion(r), "user", "assistant"]
