@@ -31,12 +31,13 @@ from tqdm import tqdm
 from minirl.config import Config, parse_config
 from minirl.data import load_rows, prompt_indices, prompt_text
 from minirl.evaluate import accuracy_by_source, evaluate
-from minirl.loss import group_advantages
+from minirl.critic import critic_forward_backward, critic_values, load_critic
+from minirl.loss import gae, group_advantages, kl_penalty, outcome_token_rewards, whiten
 from minirl.policy import (load_model, load_tokenizer, pick_attn_implementation, pick_dtype, resolve_model_path,
                            token_logprobs)
 from minirl.reference import load_reference, reference_logprobs
-from minirl.rewards import score
-from minirl.rollout import sample
+from minirl.rewards import overlong_penalty, score
+from minirl.rollout import Rollout, concat_rollouts, sample, select_groups
 from minirl.update import LossSettings, forward_backward, optim_step, warmup_constant_schedule
 
 
@@ -69,6 +70,52 @@ def validate(model, tokenizer, rows: list[dict], cfg: Config, rank: int, world: 
     return {f"val/test_score/{s}": float(v / max(c, 1)) for s, (v, c) in zip(sources, sums.tolist())}
 
 
+def sample_and_score(policy, tokenizer, train_rows: list[dict], cfg: Config, position: int, rank: int,
+                     world: int) -> tuple[Rollout, list[dict], torch.Tensor, int, dict[str, float]]:
+    """Stages 1-2 for one step: sample G completions for B prompts and score them.
+
+    With DAPO's dynamic sampling, groups whose G rewards are all equal (no learning signal) are dropped and
+    further prompts sampled, for at most max_sampling_rounds rounds; every process runs the same number of
+    rounds. Returns (rollout, rows, rewards (N,), new position in the prompt stream, metrics).
+    """
+    B, G = cfg.prompts_per_step, cfg.group_size
+    parts, kept_rows, kept_rewards, t_gen, t_reward, rounds, dropped = [], [], [], 0.0, 0.0, 0, 0
+    device = next(policy.parameters()).device
+    while True:
+        rows = [train_rows[i] for i in prompt_indices(position + rank * B, B, len(train_rows), cfg.seed)]
+        position += B * world  # this round's prompts, all processes together
+        rounds += 1
+        t0 = time.perf_counter()
+        rollout = sample(policy, tokenizer, [prompt_text(r, tokenizer) for r in rows], G, cfg.max_new_tokens,
+                         cfg.temperature, cfg.top_p, cfg.top_k)
+        t_gen += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        rewards = torch.tensor(score(rollout.texts, [r for r in rows for _ in range(G)]), dtype=torch.float32)
+        if cfg.overlong_buffer:
+            rewards += torch.tensor(overlong_penalty(rollout.response_mask.sum(1).tolist(), cfg.max_new_tokens,
+                                                     cfg.overlong_buffer, cfg.overlong_penalty))
+        t_reward += time.perf_counter() - t0
+        keep = list(range(B))
+        if cfg.dynamic_sampling:
+            keep = [g for g in keep if rewards[g * G:(g + 1) * G].std() > 0]
+            dropped += B - len(keep)
+        parts.append(select_groups(rollout, keep))
+        kept_rows += [rows[g] for g in keep]
+        kept_rewards.append(rewards.view(B, G)[keep].reshape(-1))
+        missing = torch.tensor([float(len(kept_rows) < B)], device=device)
+        if not cfg.dynamic_sampling or all_reduce_sum(missing).item() == 0 or rounds >= cfg.max_sampling_rounds:
+            break
+    if not kept_rows:  # every group was uniform in every round: train on the last round (advantages are 0)
+        parts, kept_rows, kept_rewards = [rollout], rows, [rewards]
+    rollout = concat_rollouts(parts, tokenizer.pad_token_id)
+    if len(kept_rows) > B:  # keep exactly B groups
+        rollout, kept_rows = select_groups(rollout, list(range(B))), kept_rows[:B]
+    rewards = torch.cat(kept_rewards)[:len(kept_rows) * G]
+    metrics = {"timing_s/gen": t_gen, "timing_s/reward": t_reward, "batch/sampling_rounds": rounds,
+               "batch/groups_dropped": dropped, "batch/groups": len(kept_rows)}
+    return rollout, kept_rows, rewards, position, metrics
+
+
 def stats(name: str, x: torch.Tensor) -> dict[str, float]:
     x = x.float()
     return {f"{name}/mean": float(x.mean()), f"{name}/max": float(x.max()), f"{name}/min": float(x.min())}
@@ -92,6 +139,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     policy = load_model(path, dtype, attn, cfg.gradient_checkpointing).to(device)
     policy.train()
     ref_model = load_reference(path, dtype, attn, device) if cfg.kl_coef > 0 else None
+    critic = None
+    if cfg.algorithm == "ppo":
+        critic = load_critic(resolve_model_path(cfg.critic_model_path) if cfg.critic_model_path else path,
+                             dtype, attn, cfg.gradient_checkpointing, device)
+        critic.train()
 
     train_rows = load_rows(cfg.train_files, split="train")
     n_rows = len(train_rows)
@@ -108,6 +160,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                                   betas=(cfg.adam_beta1, cfg.adam_beta2))
     optimizer_steps_per_step = cfg.ppo_epochs * cfg.mini_batches
     scheduler = warmup_constant_schedule(optimizer, cfg.warmup_steps * optimizer_steps_per_step)
+    critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, weight_decay=cfg.weight_decay,
+                                         betas=(cfg.adam_beta1, cfg.adam_beta2)) if critic is not None else None
     loss_settings = LossSettings.from_config(cfg)
     B, G = cfg.prompts_per_step, cfg.group_size
 
@@ -116,65 +170,78 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     # --- the training loop ----------------------------------------------------------------------------
     metrics_file = out_dir / "metrics.jsonl"
+    position = 0  # prompts consumed so far, all processes together
     bar = tqdm(range(cfg.max_steps), desc="train", disable=not accelerator.is_main_process, dynamic_ncols=True)
     for step in bar:
         t_step = time.perf_counter()
-        position = step * B * world + rank * B  # this process's slice of the global prompt stream
-        rows = [train_rows[i] for i in prompt_indices(position, B, len(train_rows), cfg.seed)]
 
-        # 1. sample: G completions per prompt
-        t0 = time.perf_counter()
-        rollout = sample(policy, tokenizer, [prompt_text(r, tokenizer) for r in rows], G, cfg.max_new_tokens,
-                         cfg.temperature, cfg.top_p, cfg.top_k)
-        t_gen = time.perf_counter() - t0
+        # 1-2. sample G completions per prompt, score them
+        rollout, rows, rewards, position, m = sample_and_score(policy, tokenizer, train_rows, cfg, position,
+                                                               rank, world)
+        N, R = len(rows) * G, rollout.response_ids.shape[1]
+        mask = rollout.response_mask.clone()
+        if cfg.mask_truncated:  # DAPO overlong filtering: truncated answers teach nothing either way
+            mask[rollout.truncated] = 0
+        batch = {"input_ids": rollout.input_ids.to(device), "attention_mask": rollout.attention_mask.to(device),
+                 "response_mask": mask.to(device)}
 
-        # 2. score: reward per completion, then group-relative advantages
+        # log-probs of the sampling policy (and reference, and values) from the trainer's own forward pass
         t0 = time.perf_counter()
-        rewards = torch.tensor(score(rollout.texts, [r for r in rows for _ in range(G)]), dtype=torch.float32)
-        adv = group_advantages(rewards, G, cfg.adv_estimator, cfg.adv_std, cfg.adv_eps).to(device)
-        t_reward = time.perf_counter() - t0
-
-        # 3+4. forward_backward + optim_step, over mini-batches of whole groups
-        t0 = time.perf_counter()
-        R = rollout.response_ids.shape[1]
-        batch = {"input_ids": rollout.input_ids, "attention_mask": rollout.attention_mask,
-                 "response_mask": rollout.response_mask, "advantages": adv}
+        mbs = cfg.micro_batch_size
         with torch.no_grad():
-            # log-probs of the sampling policy, from the trainer's own forward pass (not generate's scores)
-            batch["old_logp"] = torch.cat([
-                token_logprobs(policy, batch["input_ids"][s:s + cfg.micro_batch_size],
-                               batch["attention_mask"][s:s + cfg.micro_batch_size], R)[0]
-                for s in range(0, B * G, cfg.micro_batch_size)])
+            batch["old_logp"] = torch.cat([token_logprobs(policy, batch["input_ids"][s:s + mbs],
+                                                          batch["attention_mask"][s:s + mbs], R)[0]
+                                           for s in range(0, N, mbs)])
             if ref_model is not None:
-                batch["ref_logp"] = reference_logprobs(ref_model, batch["input_ids"], batch["attention_mask"], R,
-                                                       cfg.micro_batch_size)
-        mini = B * G // cfg.mini_batches
-        update_metrics, grad_norms = [], []
+                batch["ref_logp"] = reference_logprobs(ref_model, batch["input_ids"], batch["attention_mask"], R, mbs)
+            # advantages: group-relative (GRPO family) or GAE on the critic's values (PPO)
+            if cfg.algorithm == "grpo":
+                batch["advantages"] = group_advantages(rewards, G, cfg.adv_estimator, cfg.adv_std,
+                                                       cfg.adv_eps).to(device)                      # (N,)
+            else:
+                batch["old_values"] = critic_values(critic, batch["input_ids"], batch["attention_mask"], R, mbs)
+                kl = kl_penalty(batch["old_logp"], batch["ref_logp"], cfg.kl_estimator) if cfg.kl_in_reward else None
+                token_rewards = outcome_token_rewards(rewards.to(device), batch["response_mask"], kl, cfg.kl_coef)
+                adv, batch["returns"] = gae(token_rewards, batch["old_values"], batch["response_mask"],
+                                            cfg.gae_gamma, cfg.gae_lambda)                          # (N, R)
+                batch["advantages"] = whiten(adv, batch["response_mask"]) * batch["response_mask"]
+
+        # 3-4. forward_backward + optim_step, over mini-batches of whole groups
+        mini = max(N // cfg.mini_batches, G)
+        update_metrics, grad_norms, critic_metrics = [], [], []
         for _ in range(cfg.ppo_epochs):
-            for s in range(0, B * G, mini):
+            for s in range(0, N, mini):
                 mb = {k: v[s:s + mini] for k, v in batch.items()}
-                counts = all_reduce_sum(torch.tensor([float(mb["response_mask"].sum()), float(mini)], device=device))
-                update_metrics.append(forward_backward(policy, mb, loss_settings, cfg.micro_batch_size,
-                                                       num_tokens=float(counts[0]), num_seqs=float(counts[1])))
+                counts = all_reduce_sum(torch.tensor([float(mb["response_mask"].sum()), float(len(mb["input_ids"]))],
+                                                     device=device))
+                num_tokens, num_seqs = max(float(counts[0]), 1.0), float(counts[1])
+                update_metrics.append(forward_backward(policy, mb, loss_settings, mbs, num_tokens, num_seqs))
                 sum_gradients_across_processes(policy)
                 grad_norms.append(optim_step(policy, optimizer, scheduler, cfg.max_grad_norm))
-        t_update = time.perf_counter() - t0
+                if critic is not None:
+                    critic_metrics.append(critic_forward_backward(critic, mb, mbs, num_tokens, cfg.value_clip))
+                    sum_gradients_across_processes(critic)
+                    critic_metrics[-1]["grad_norm"] = optim_step(critic, critic_optimizer, None, cfg.max_grad_norm)
+        m["timing_s/update"] = time.perf_counter() - t0
 
         # --- metrics (veRL names) ---------------------------------------------------------------------
         lengths = rollout.response_mask.sum(dim=1)
+        adv_seq = batch["advantages"] if batch["advantages"].dim() == 1 else \
+            (batch["advantages"] * batch["response_mask"]).sum(1) / batch["response_mask"].sum(1).clamp(min=1)
         g_rewards, g_adv, g_len, g_trunc = accelerator.gather(
-            (rewards.to(device), adv, lengths.to(device).float(), rollout.truncated.to(device).float()))
-        m = {"training/global_step": step + 1, **stats("critic/reward", g_rewards),
-             **stats("critic/advantages", g_adv), **stats("response_length", g_len),
-             "response_length/clip_ratio": float(g_trunc.mean())}
+            (rewards.to(device), adv_seq, lengths.to(device).float(), rollout.truncated.to(device).float()))
+        m.update({"training/global_step": step + 1, **stats("critic/reward", g_rewards),
+                  **stats("critic/advantages", g_adv), **stats("response_length", g_len),
+                  "response_length/clip_ratio": float(g_trunc.mean())})
         for key in update_metrics[0]:
             m[f"actor/{key}"] = sum(u[key] for u in update_metrics) / len(update_metrics)
+        for key in critic_metrics[0] if critic_metrics else []:
+            m[f"critic/{key}"] = sum(u[key] for u in critic_metrics) / len(critic_metrics)
         m["actor/grad_norm"] = sum(grad_norms) / len(grad_norms)
         m["actor/lr"] = scheduler.get_last_lr()[0]
         if cfg.val_every and (step + 1) % cfg.val_every == 0 and val_rows and step + 1 < cfg.max_steps:
             m.update(validate(policy, tokenizer, val_rows, cfg, rank, world))
-        m.update({"timing_s/gen": t_gen, "timing_s/reward": t_reward, "timing_s/update": t_update,
-                  "timing_s/step": time.perf_counter() - t_step})
+        m["timing_s/step"] = time.perf_counter() - t_step
         if accelerator.is_main_process:
             with metrics_file.open("a") as f:
                 f.write(json.dumps(m) + "\n")

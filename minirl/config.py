@@ -37,6 +37,7 @@ class Config:
     top_p: float = 1.0
     top_k: int = 0                        # 0 disables top-k
     # --- algorithm -----------------------------------------------------------------------------------------
+    algorithm: Literal["grpo", "ppo"] = "grpo"  # grpo: critic-free, advantages from the group; ppo: critic + GAE
     adv_estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"  # see loss.group_advantages
     adv_std: Literal["unbiased", "population"] = "unbiased"     # verl: unbiased (torch.std default); TRL: population
     adv_eps: float = 1e-6                 # added to the group std (verl 1e-6, TRL 1e-4)
@@ -45,8 +46,22 @@ class Config:
     clip_high: float = 0.2                # DAPO's clip-higher uses 0.28 (Yu et al. 2025)
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                            "seq-mean-token-sum-norm"] = "token-mean"  # see loss.aggregate
-    kl_coef: float = 0.0                  # weight of the KL-to-reference loss; 0 = no reference model at all
+    dual_clip: float = 0.0                # PPO dual-clip constant c (Ye et al. 2020; verl uses 3.0); 0 = off
+    kl_coef: float = 0.0                  # weight of the KL-to-reference term; 0 = no reference model at all
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"  # Schulman's estimators, see loss.kl_penalty
+    kl_in_reward: bool = False            # fold -kl_coef*KL into the token rewards (PPO style) instead of the loss
+    # --- PPO with a critic (algorithm: ppo) ----------------------------------------------------------------
+    critic_model_path: str = ""           # "" = a copy of the policy's starting weights with a value head
+    critic_lr: float = 1e-3               # the toy critic's rate; ~1e-5 for 1-7B models
+    gae_gamma: float = 1.0                # discount; 1.0 for outcome rewards
+    gae_lambda: float = 0.95              # GAE lambda (Schulman et al. 2016)
+    value_clip: float = 0.5               # clip range of the value loss around the old values (verl: 0.5)
+    # --- DAPO switches (Yu et al. 2025), all off by default ------------------------------------------------
+    dynamic_sampling: bool = False        # drop groups whose rewards are all equal; resample to fill the batch
+    max_sampling_rounds: int = 4          # bound on sampling rounds per step with dynamic_sampling
+    overlong_buffer: int = 0              # soft overlong punishment over the last N tokens of the budget (0 = off)
+    overlong_penalty: float = 1.0         # the punishment at the budget (reward - this, linearly ramped)
+    mask_truncated: bool = False          # truncated completions get no loss (overlong filtering)
     ppo_epochs: int = 1                   # passes over each rollout batch
     mini_batches: int = 1                 # optimizer steps per pass; >1 makes later steps off-policy (ratio != 1)
     micro_batch_size: int = 32            # sequences per forward/backward; does not change the result, only memory
@@ -123,16 +138,22 @@ def _apply(cfg: Config, overrides: dict[str, Any], where: str) -> None:
 def validate(cfg: Config) -> None:
     """Range checks that types alone cannot express."""
     positive = ["prompts_per_step", "group_size", "max_new_tokens", "micro_batch_size", "ppo_epochs",
-                "mini_batches", "max_prompt_length"]
+                "mini_batches", "max_prompt_length", "max_sampling_rounds"]
     for key in positive:
         if getattr(cfg, key) < 1:
             raise ConfigError(f"config key '{key}' must be >= 1, got {getattr(cfg, key)}")
-    for key in ["lr", "kl_coef", "clip_low", "clip_high", "max_grad_norm", "adv_eps", "weight_decay"]:
+    if cfg.overlong_buffer >= cfg.max_new_tokens:
+        raise ConfigError(f"config key 'overlong_buffer' ({cfg.overlong_buffer}) must be < max_new_tokens "
+                          f"({cfg.max_new_tokens})")
+    if cfg.dual_clip and cfg.dual_clip <= 1:
+        raise ConfigError(f"config key 'dual_clip' must be 0 (off) or > 1, got {cfg.dual_clip}")
+    for key in ["lr", "kl_coef", "clip_low", "clip_high", "max_grad_norm", "adv_eps", "weight_decay", "critic_lr",
+                "value_clip", "overlong_buffer", "overlong_penalty"]:
         if getattr(cfg, key) < 0:
             raise ConfigError(f"config key '{key}' must be >= 0, got {getattr(cfg, key)}")
     if cfg.temperature <= 0 or not 0 < cfg.top_p <= 1:
         raise ConfigError("config keys 'temperature' must be > 0 and 'top_p' in (0, 1]")
-    if cfg.adv_estimator in ("grpo", "rloo") and cfg.group_size < 2:
+    if cfg.algorithm == "grpo" and cfg.adv_estimator in ("grpo", "rloo") and cfg.group_size < 2:
         raise ConfigError(f"config key 'group_size' must be >= 2 for adv_estimator={cfg.adv_estimator!r}")
     if cfg.prompts_per_step % cfg.mini_batches:
         raise ConfigError(f"config key 'mini_batches' ({cfg.mini_batches}) must divide 'prompts_per_step' "

@@ -44,6 +44,18 @@ def group_advantages(rewards: torch.Tensor, group_size: int, estimator: str = "g
     return adv.view(-1)
 
 
+def outcome_token_rewards(scores: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor | None = None,
+                          kl_coef: float = 0.0) -> torch.Tensor:
+    """Token-level rewards for PPO: the sequence's score on its last real token, minus kl_coef * KL on every
+    token when the KL is folded into the reward (InstructGPT / verl `use_kl_in_reward`).  (N,), (N, T) -> (N, T)"""
+    m = mask.float()
+    last = (m.cumsum(-1) == m.sum(-1, keepdim=True)) & (m > 0)            # the final response token
+    rewards = last.float() * scores.float()[:, None]
+    if kl is not None and kl_coef:
+        rewards = rewards - kl_coef * kl.float() * m
+    return rewards
+
+
 def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
     """Normalise x over its masked entries to mean 0 (unless shift_mean=False) and unit (unbiased) variance."""
     n = mask.sum()

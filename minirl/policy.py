@@ -60,9 +60,18 @@ def load_model(path: str, dtype: torch.dtype = torch.float32, attn_implementatio
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
     if gradient_checkpointing:
-        # non-reentrant checkpointing works with frozen inputs (LoRA) and with FSDP
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_gradient_checkpointing(model)
     return model
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Recompute each layer's activations in backward. Non-reentrant checkpointing works with frozen inputs
+    (LoRA) and with FSDP. (transformers 5 renamed the method; both names are tried.)"""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -99,6 +99,18 @@ def math_reward(completion: str, answer: str) -> float:
         return 0.0
 
 
+# --- shaping -------------------------------------------------------------------------------------------------
+
+def overlong_penalty(lengths: list[int], max_new_tokens: int, buffer: int, penalty: float = 1.0) -> list[float]:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), added to the reward.
+
+    0 while length <= max_new_tokens - buffer, then falls linearly to -penalty at max_new_tokens.
+    With max_new_tokens 20, buffer 4: lengths 16, 18, 20 -> 0, -0.5, -1.0.
+    """
+    start = max_new_tokens - buffer
+    return [-penalty * min(max(length - start, 0) / buffer, 1.0) if buffer > 0 else 0.0 for length in lengths]
+
+
 # --- dispatch ------------------------------------------------------------------------------------------------
 
 def reward_fn_for(data_source: str) -> Callable[[str, str], float]:

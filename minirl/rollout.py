@@ -84,3 +84,28 @@ def sample(model, tokenizer, prompts: list[str], group_size: int, max_new_tokens
         prompt_ids=enc.input_ids.repeat_interleave(group_size, dim=0),
         prompt_mask=enc.attention_mask.repeat_interleave(group_size, dim=0),
         response_ids=response_ids, response_mask=mask, truncated=truncated, texts=texts, group_size=group_size)
+
+
+def _pad_to(t: torch.Tensor, width: int, value: int, left: bool) -> torch.Tensor:
+    pad = t.new_full((t.shape[0], width - t.shape[1]), value)
+    return torch.cat([pad, t] if left else [t, pad], dim=1)
+
+
+def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """Stack rollouts of different widths (prompts padded on the left, responses on the right)."""
+    P = max(r.prompt_ids.shape[1] for r in parts)
+    R = max(r.response_ids.shape[1] for r in parts)
+    cat = lambda name, width, value, left: torch.cat([_pad_to(getattr(r, name), width, value, left) for r in parts])
+    return Rollout(prompt_ids=cat("prompt_ids", P, pad_id, True), prompt_mask=cat("prompt_mask", P, 0, True),
+                   response_ids=cat("response_ids", R, pad_id, False),
+                   response_mask=cat("response_mask", R, 0, False),
+                   truncated=torch.cat([r.truncated for r in parts]), texts=[t for r in parts for t in r.texts],
+                   group_size=parts[0].group_size)
+
+
+def select_groups(rollout: Rollout, groups: list[int]) -> Rollout:
+    """Keep only the listed groups (prompt indices), in order."""
+    G = rollout.group_size
+    idx = torch.tensor([g * G + j for g in groups for j in range(G)], dtype=torch.long)
+    return Rollout(rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.response_ids[idx],
+                   rollout.response_mask[idx], rollout.truncated[idx], [rollout.texts[i] for i in idx.tolist()], G)

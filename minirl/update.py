@@ -29,12 +29,14 @@ class LossSettings:
     loss_agg_mode: str = "token-mean"
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
+    dual_clip: float | None = None
     max_new_tokens: int | None = None  # Dr. GRPO's constant normaliser (seq-mean-token-sum-norm)
 
     @classmethod
     def from_config(cls, cfg) -> "LossSettings":
-        return cls(cfg.policy_loss, cfg.clip_low, cfg.clip_high, cfg.loss_agg_mode, cfg.kl_coef,
-                   cfg.kl_estimator, cfg.max_new_tokens)
+        kl_loss_coef = 0.0 if cfg.kl_in_reward else cfg.kl_coef  # the KL goes in one place, not both
+        return cls(cfg.policy_loss, cfg.clip_low, cfg.clip_high, cfg.loss_agg_mode, kl_loss_coef,
+                   cfg.kl_estimator, cfg.dual_clip or None, cfg.max_new_tokens)
 
 
 def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, micro_batch_size: int,
@@ -59,6 +61,7 @@ def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, 
         logp, entropy = token_logprobs(model, mb["input_ids"], mb["attention_mask"], R)   # (n, R) each
         pg_loss, metrics = policy_loss(logp, mb["old_logp"], mb["advantages"], mask, kind=loss.policy_loss,
                                        clip_low=loss.clip_low, clip_high=loss.clip_high, agg=loss.loss_agg_mode,
+                                       dual_clip=loss.dual_clip,
                                        max_len=loss.max_new_tokens, num_tokens=num_tokens, num_seqs=num_seqs)
         total = pg_loss
         if loss.kl_coef > 0:

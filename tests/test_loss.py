@@ -147,3 +147,18 @@ def test_value_loss_clipping():
     loss, m = value_loss(v, old, ret, torch.ones(1, 1), clip=0.2)
     # unclipped error 0, clipped (0.2 - 1)^2 = 0.64 -> max -> 0.5 * 0.64
     assert loss.item() == pytest.approx(0.32) and m["vf_clipfrac"].item() == 1.0
+
+
+def test_outcome_token_rewards_put_the_score_on_the_last_token_and_kl_everywhere():
+    from minirl.loss import outcome_token_rewards
+    mask = t([[1, 1, 1, 0], [1, 0, 0, 0]])
+    r = outcome_token_rewards(t([2.0, -1.0]), mask)
+    assert r.tolist() == [[0, 0, 2, 0], [-1, 0, 0, 0]]
+    r = outcome_token_rewards(t([2.0, -1.0]), mask, kl=torch.ones(2, 4), kl_coef=0.1)
+    assert torch.allclose(r, t([[-0.1, -0.1, 1.9, 0], [-1.1, 0, 0, 0]]))
+
+
+def test_dapo_overlong_penalty_ramps_over_the_buffer():
+    from minirl.rewards import overlong_penalty
+    assert overlong_penalty([10, 16, 18, 20], max_new_tokens=20, buffer=4) == [0.0, 0.0, -0.5, -1.0]
+    assert overlong_penalty([20], 20, 0) == [0.0]

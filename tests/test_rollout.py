@@ -47,7 +47,8 @@ def test_model_generation_config_cannot_change_sampling(random_model, tiny_token
 
 def test_generation_uses_kv_cache_with_gradient_checkpointing_on(random_model, tiny_tokenizer):
     base = sample(random_model, tiny_tokenizer, PROMPTS, 1, 6, greedy=True).texts
-    random_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    from minirl.policy import enable_gradient_checkpointing
+    enable_gradient_checkpointing(random_model)
     random_model.train()
     calls = []
     orig = random_model.forward

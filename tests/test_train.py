@@ -62,3 +62,31 @@ def test_accelerate_launch_runs_the_default(tmp_path, tiny_path):
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(read_metrics(tmp_path)) == 2
+
+
+def test_ppo_with_a_critic_raises_reward_on_the_toy_task(tmp_path, tiny_path):
+    result = train.main(["--algorithm", "ppo", "--max_steps", "40", "--output_dir", str(tmp_path),
+                         "--val_max_samples", "100"])
+    rows = read_metrics(tmp_path)
+    first = sum(r["critic/reward/mean"] for r in rows[:8]) / 8
+    last = sum(r["critic/reward/mean"] for r in rows[-8:]) / 8
+    assert last > first + 0.1, (first, last)
+    assert "critic/vf_loss" in rows[0] and rows[-1]["critic/vpred_mean"] != 0  # the critic trained
+    src = "val/test_score/toy_arithmetic"
+    assert result["after"][src] > result["before"][src] + 0.2
+
+
+def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_path):
+    from minirl.config import parse_config
+    from minirl.data import load_rows
+    from minirl.policy import load_model, load_tokenizer
+    cfg = parse_config(["--dynamic_sampling", "true", "--prompts_per_step", "8", "--group_size", "4"])
+    tok, model = load_tokenizer(str(tiny_path)), load_model(str(tiny_path))
+    rows = load_rows(str(ROOT / "data" / "arith_train.jsonl"), limit=200)
+    import torch
+    torch.manual_seed(0)
+    rollout, kept, rewards, position, m = train.sample_and_score(model, tok, rows, cfg, 0, 0, 1)
+    assert len(kept) == 8 and len(rollout.texts) == 32 and rewards.shape == (32,)
+    assert all(rewards[4 * g:4 * g + 4].std() > 0 for g in range(8))
+    assert position == 8 * m["batch/sampling_rounds"] and m["batch/sampling_rounds"] >= 1
+    assert m["batch/groups"] == 8
