@@ -3,15 +3,24 @@
     gsm8k_reward(completion, answer)  -> 1.0 / 0.0   last "#### N" vs the gold number
     math_reward(completion, answer)   -> 1.0 / 0.0   last \\boxed{...} vs the gold answer, checked for
                                                      mathematical equivalence with `math-verify`
-    score(completions, rows)          -> list[float] the reward stage of a training step: picks the reward
-                                                     function for each row from its `data_source`
+    code_reward(completion, problem, judge, style)  last fenced code block run against the problem's tests
+    score(completions, rows, judge)   -> list[float] the reward stage of a training step: picks the reward
+                                                     function for each row; code rows are judged in one batch
 
 The reward for a row is chosen by `data_source` (as veRL's default_compute_score does): anything naming
 gsm8k, and the built-in toy task, uses gsm8k_reward; the MATH family (math, math500, aime, amc, custom
-SimpleRL rows) uses math_reward. Unknown sources raise: a silent 0 reward would train on nothing.
+SimpleRL rows) uses math_reward; rows with `ability: code` are judged. Unknown sources raise: a silent 0
+reward would train on nothing.
+
+Code reward styles (`code_reward_style`):
+- "codefu", as the CodeFu write-up describes: -1 no extractable code, -0.5 compile error, 0 if any test
+  exceeds the time limit, otherwise the fraction of tests passed. (CodeFu's shipped code differs from its
+  write-up: it ends up all-or-nothing. minirl follows the write-up; use "binary" for all-or-nothing.)
+- "binary", as the SageMaker code-RL recipe: 1 when every test passes, 0 otherwise, -0.1 with no code block.
 """
 from __future__ import annotations
 
+import json
 import re
 import threading
 from decimal import Decimal, InvalidOperation
@@ -99,6 +108,61 @@ def math_reward(completion: str, answer: str) -> float:
         return 0.0
 
 
+# --- code ----------------------------------------------------------------------------------------------------
+
+_FENCE = re.compile(r"```([\w+#-]*)[^\n]*\n(.*?)```", re.DOTALL)
+LANGUAGE_TAGS = {"cpp": ("cpp", "c++", "cc", "cxx"), "python": ("python", "python3", "py")}
+
+
+def extract_code(completion: str, language: str) -> str | None:
+    """The last fenced block tagged with the language (```cpp, ```python, ...), else the last untagged one."""
+    blocks = _FENCE.findall(completion)
+    tagged = [code for tag, code in blocks if tag.lower() in LANGUAGE_TAGS[language]]
+    untagged = [code for tag, code in blocks if not tag]
+    chosen = tagged or untagged
+    return chosen[-1] if chosen and chosen[-1].strip() else None
+
+
+def reward_from_result(result, style: str = "codefu") -> float:
+    """Map a JudgeResult (or None for 'no code') to a reward in the given style."""
+    if style == "binary":
+        return -0.1 if result is None else float(result.verdict == "AC")
+    if style != "codefu":
+        raise ValueError(f"unknown code reward style {style!r}; use codefu or binary")
+    if result is None:
+        return -1.0
+    if result.verdict == "CE":
+        return -0.5
+    if any(t["verdict"] == "TLE" for t in result.tests):
+        return 0.0
+    return result.passed / max(result.total, 1)
+
+
+def _as_problem(ground_truth) -> dict:
+    return json.loads(ground_truth) if isinstance(ground_truth, str) else ground_truth
+
+
+def code_rewards(completions: list[str], problems: list[dict], judge, style: str = "codefu") -> list[float]:
+    """Judge a batch of completions in parallel (one `judge.run_many`) and map each verdict to a reward.
+
+    problem: {"tests": [{"input", "output"}], "language": "cpp"|"python", "time_limit_s", "memory_limit_mb",
+              "float_tolerance"?} (the `reward_model.ground_truth` of a prepared code row, dict or JSON).
+    """
+    problems = [_as_problem(p) for p in problems]
+    sources = [extract_code(c, p.get("language", "python")) for c, p in zip(completions, problems, strict=True)]
+    jobs = [dict(source=src, language=p.get("language", "python"), tests=p["tests"],
+                 time_limit_s=float(p.get("time_limit_s", 2.0)), memory_limit_mb=int(p.get("memory_limit_mb", 256)),
+                 float_tolerance=p.get("float_tolerance"))
+            for src, p in zip(sources, problems) if src is not None]
+    results = iter(judge.run_many(jobs)) if jobs else iter(())
+    return [reward_from_result(next(results) if src is not None else None, style) for src in sources]
+
+
+def code_reward(completion: str, problem: dict, judge, style: str = "codefu") -> float:
+    """Reward of one completion for a code problem; see `code_rewards`."""
+    return code_rewards([completion], [problem], judge, style)[0]
+
+
 # --- shaping -------------------------------------------------------------------------------------------------
 
 def overlong_penalty(lengths: list[int], max_new_tokens: int, buffer: int, penalty: float = 1.0) -> list[float]:
@@ -124,7 +188,23 @@ def reward_fn_for(data_source: str) -> Callable[[str, str], float]:
                      "'math500', or add a line to minirl/rewards.py:reward_fn_for")
 
 
-def score(completions: list[str], rows: list[dict]) -> list[float]:
-    """The reward stage of a training step: one float per completion, `rows[i]` being its problem."""
-    return [reward_fn_for(row["data_source"])(text, str(row["reward_model"]["ground_truth"]))
-            for text, row in zip(completions, rows, strict=True)]
+def is_code(row: dict) -> bool:
+    return row.get("ability") == "code"
+
+
+def score(completions: list[str], rows: list[dict], judge=None, code_style: str = "codefu") -> list[float]:
+    """The reward stage of a training step: one float per completion, `rows[i]` being its problem.
+    Code rows go to the judge together, so their programs run in parallel."""
+    rewards = [0.0] * len(completions)
+    code = [i for i, row in enumerate(rows) if is_code(row)]
+    if code:
+        if judge is None:
+            raise ValueError("code rows need a judge: score(..., judge=minirl.judge.Judge())")
+        values = code_rewards([completions[i] for i in code], [rows[i]["reward_model"]["ground_truth"] for i in code],
+                              judge, code_style)
+        for i, v in zip(code, values):
+            rewards[i] = v
+    for i, (text, row) in enumerate(zip(completions, rows, strict=True)):
+        if not is_code(row):
+            rewards[i] = reward_fn_for(row["data_source"])(text, str(row["reward_model"]["ground_truth"]))
+    return rewards
