@@ -36,7 +36,8 @@ from minirl.loss import gae, group_advantages, kl_penalty, outcome_token_rewards
 from minirl.policy import (load_model, load_tokenizer, pick_attn_implementation, pick_dtype, resolve_model_path,
                            token_logprobs)
 from minirl.reference import load_reference, reference_logprobs
-from minirl.rewards import overlong_penalty, score
+from minirl.judge import Judge
+from minirl.rewards import is_code, overlong_penalty, score
 from minirl.rollout import Rollout, concat_rollouts, sample, select_groups
 from minirl.update import LossSettings, forward_backward, optim_step, warmup_constant_schedule
 
@@ -59,10 +60,12 @@ def sum_gradients_across_processes(model) -> None:
 
 
 @torch.no_grad()
-def validate(model, tokenizer, rows: list[dict], cfg: Config, rank: int, world: int) -> dict[str, float]:
-    """Accuracy on held-out rows, each process scoring its own share; returns val/test_score/<source>."""
+def validate(model, tokenizer, rows: list[dict], cfg: Config, rank: int, world: int, judge=None) -> dict[str, float]:
+    """Mean reward (accuracy for 0/1 rewards) on held-out rows, each process scoring its own share;
+    returns val/test_score/<data_source>."""
     records = evaluate(model, tokenizer, rows[rank::world], n=1 if cfg.val_greedy else cfg.group_size,
-                       greedy=cfg.val_greedy, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
+                       greedy=cfg.val_greedy, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                       judge=judge, code_style=cfg.code_reward_style)
     sources = sorted({r["data_source"] for r in rows})
     sums = torch.tensor([[sum(r["reward"] for r in records if r["data_source"] == s),
                           sum(1 for r in records if r["data_source"] == s)] for s in sources], dtype=torch.float64)
@@ -71,7 +74,7 @@ def validate(model, tokenizer, rows: list[dict], cfg: Config, rank: int, world: 
 
 
 def sample_and_score(policy, tokenizer, train_rows: list[dict], cfg: Config, position: int, rank: int,
-                     world: int) -> tuple[Rollout, list[dict], torch.Tensor, int, dict[str, float]]:
+                     world: int, judge=None) -> tuple[Rollout, list[dict], torch.Tensor, int, dict[str, float]]:
     """Stages 1-2 for one step: sample G completions for B prompts and score them.
 
     With DAPO's dynamic sampling, groups whose G rewards are all equal (no learning signal) are dropped and
@@ -90,7 +93,8 @@ def sample_and_score(policy, tokenizer, train_rows: list[dict], cfg: Config, pos
                          cfg.temperature, cfg.top_p, cfg.top_k)
         t_gen += time.perf_counter() - t0
         t0 = time.perf_counter()
-        rewards = torch.tensor(score(rollout.texts, [r for r in rows for _ in range(G)]), dtype=torch.float32)
+        rewards = torch.tensor(score(rollout.texts, [r for r in rows for _ in range(G)], judge, cfg.code_reward_style),
+                               dtype=torch.float32)
         if cfg.overlong_buffer:
             rewards += torch.tensor(overlong_penalty(rollout.response_mask.sum(1).tolist(), cfg.max_new_tokens,
                                                      cfg.overlong_buffer, cfg.overlong_penalty))
@@ -155,6 +159,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if not train_rows:
         raise SystemExit(f"no training prompts fit max_prompt_length={cfg.max_prompt_length}")
     val_rows = load_rows(cfg.val_files, split="test", limit=cfg.val_max_samples) if cfg.val_files else []
+    # one sandboxed judge pool for the whole run, only when there are code problems
+    judge = Judge(cfg.judge_workers or None) if any(is_code(r) for r in train_rows + val_rows) else None
 
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                                   betas=(cfg.adam_beta1, cfg.adam_beta2))
@@ -165,7 +171,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     loss_settings = LossSettings.from_config(cfg)
     B, G = cfg.prompts_per_step, cfg.group_size
 
-    before = validate(policy, tokenizer, val_rows, cfg, rank, world) if val_rows else {}
+    before = validate(policy, tokenizer, val_rows, cfg, rank, world, judge) if val_rows else {}
     accelerator.print(f"held-out accuracy before RL: {before}")
 
     # --- the training loop ----------------------------------------------------------------------------
@@ -177,7 +183,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
         # 1-2. sample G completions per prompt, score them
         rollout, rows, rewards, position, m = sample_and_score(policy, tokenizer, train_rows, cfg, position,
-                                                               rank, world)
+                                                               rank, world, judge)
         N, R = len(rows) * G, rollout.response_ids.shape[1]
         mask = rollout.response_mask.clone()
         if cfg.mask_truncated:  # DAPO overlong filtering: truncated answers teach nothing either way
@@ -240,7 +246,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         m["actor/grad_norm"] = sum(grad_norms) / len(grad_norms)
         m["actor/lr"] = scheduler.get_last_lr()[0]
         if cfg.val_every and (step + 1) % cfg.val_every == 0 and val_rows and step + 1 < cfg.max_steps:
-            m.update(validate(policy, tokenizer, val_rows, cfg, rank, world))
+            m.update(validate(policy, tokenizer, val_rows, cfg, rank, world, judge))
         m["timing_s/step"] = time.perf_counter() - t_step
         if accelerator.is_main_process:
             with metrics_file.open("a") as f:
@@ -250,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             raise FloatingPointError(f"non-finite loss at step {step + 1}; see {metrics_file}")
 
     # --- after training -------------------------------------------------------------------------------
-    after = validate(policy, tokenizer, val_rows, cfg, rank, world) if val_rows else {}
+    after = validate(policy, tokenizer, val_rows, cfg, rank, world, judge) if val_rows else {}
     accelerator.print(f"held-out accuracy after RL:  {after}")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
@@ -259,6 +265,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         summary = {"before": before, "after": after, "steps": cfg.max_steps}
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"saved the policy and tokenizer to {out_dir}")
+    if judge is not None:
+        judge.close()
     accelerator.end_training()
     return {"before": before, "after": after}
 

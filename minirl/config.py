@@ -29,6 +29,8 @@ class Config:
     val_files: str = "data/arith_test.jsonl"     # held-out rows for accuracy before/after (and every val_every)
     val_max_samples: int = 200            # cap on held-out rows scored (0 = all)
     max_prompt_length: int = 512          # prompts longer than this (in tokens) are dropped, with a count printed
+    code_reward_style: Literal["codefu", "binary"] = "codefu"  # rows with ability "code", see rewards.py
+    judge_workers: int = 0                # parallel sandboxed programs for code rewards (0 = all cores)
     # --- rollout -------------------------------------------------------------------------------------------
     prompts_per_step: int = 16            # B: prompts per training step (per process)
     group_size: int = 8                   # G: completions sampled per prompt; GRPO compares within a group

@@ -16,7 +16,8 @@ from minirl.rollout import sample
 
 
 def evaluate(model, tokenizer, rows: list[dict], n: int = 1, greedy: bool = True, temperature: float = 1.0,
-             top_p: float = 1.0, max_new_tokens: int = 256, batch_size: int = 32, progress=None) -> list[dict]:
+             top_p: float = 1.0, max_new_tokens: int = 256, batch_size: int = 32, progress=None, judge=None,
+             code_style: str = "codefu") -> list[dict]:
     """One record per completion: data_source, index (row), sample, completion, reward, tokens, seconds.
 
     n completions per row (greedy decoding needs n=1). `progress`, if given, is called with the number of
@@ -32,7 +33,7 @@ def evaluate(model, tokenizer, rows: list[dict], n: int = 1, greedy: bool = True
                          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, greedy=greedy)
         seconds = time.perf_counter() - t0
         expanded = [r for r in chunk for _ in range(n)]
-        rewards = score(rollout.texts, expanded)
+        rewards = score(rollout.texts, expanded, judge=judge, code_style=code_style)
         lengths = rollout.response_mask.sum(dim=1).tolist()
         total_tokens = max(sum(lengths), 1)
         for i, (row, text, reward, length) in enumerate(zip(expanded, rollout.texts, rewards, lengths)):

@@ -90,3 +90,18 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_path):
     assert all(rewards[4 * g:4 * g + 4].std() > 0 for g in range(8))
     assert position == 8 * m["batch/sampling_rounds"] and m["batch/sampling_rounds"] >= 1
     assert m["batch/groups"] == 8
+
+
+def test_code_recipe_trains_on_prepared_problems_with_the_tiny_model(tmp_path, tiny_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from prepare_codecontests import prepare
+    rows, _ = prepare(shared_file("code/codecontests_train_subset300.jsonl"), "python", "train", max_tests=3)
+    data = tmp_path / "code.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows[:8]))
+    train.main(["--config", str(ROOT / "recipes" / "code.yaml"), "--model_name_or_path", str(tiny_path),
+                "--train_files", str(data), "--val_files", str(data), "--val_max_samples", "2",
+                "--max_steps", "2", "--prompts_per_step", "2", "--group_size", "2", "--max_new_tokens", "8",
+                "--max_prompt_length", "4096", "--gradient_checkpointing", "false", "--judge_workers", "2",
+                "--output_dir", str(tmp_path / "run")])
+    metrics = read_metrics(tmp_path / "run")
+    assert len(metrics) == 2 and metrics[0]["critic/reward/mean"] == -1.0  # the toy model writes no code

@@ -1,0 +1,142 @@
+"""Benchmark minirl's judge against a naive judge on real submissions (a training step's worth of programs).
+
+    python scripts/bench_judge.py [--problems 8] [--tests 10] [--workers N]
+
+Submissions: for each ICPC problem (../shared/data/code/icpc_kattis_problems.jsonl) with a token-diff checker
+and a known time limit, its jury AC C++ solution plus two mutated copies (a changed constant: usually wrong; a
+comment: right but a distinct source, so nothing is served from the compile cache), and the same for Python.
+Both judges get the same batch, one after the other, in one run:
+- naive: compile each C++ sample with g++ -O2 and no precompiled header, run its tests one by one, no pool;
+- minirl: `Judge.run_many` (compile once per unique source against a precompiled <bits/stdc++.h>, sandboxed
+  runs, programs in parallel). Its binary cache starts empty; the PCH is built before timing (once per flag
+  set and machine, as in training).
+Prints programs/s for both, the ratio, the verdicts' agreement, and minirl's fraction of the limit: the busy
+time it needs (sum of compile-with-PCH and of test run times) divided by cores x wall time. 100% would mean
+every core judged all the time with zero overhead.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+PYTHON = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or "python3"
+
+
+def mutate(code: str, rng: random.Random) -> str:
+    """Change one small integer constant (usually makes the program wrong)."""
+    spots = [m for m in re.finditer(r"(?<![\w.])([1-9])(?![\w.])", code)]
+    if not spots:
+        return code + "\n// mutated\n"
+    m = rng.choice(spots)
+    return code[:m.start()] + str(int(m.group(1)) + 1) + code[m.end():]
+
+
+def build_batch(n_problems: int, n_tests: int) -> list[dict]:
+    path = ROOT.parent / "shared" / "data" / "code" / "icpc_kattis_problems.jsonl"
+    rows = [json.loads(line) for line in path.open()]
+    rng = random.Random(0)
+    jobs = []
+    usable = [r for r in rows if r["validation"] == "default" and r["time_limit_seconds"] and not r["validator_flags"]]
+    for row in usable[:n_problems]:
+        tests = [t for t in row["tests"] if t["group"] == "secret"][:n_tests]
+        for lang, key in (("cpp", "cpp"), ("python", "python3")):
+            sol = next((s for s in row["solutions"] if s["verdict"] == "AC" and s["language"] == key), None)
+            if sol is None:
+                continue
+            for i, src in enumerate([sol["code"], mutate(sol["code"], rng),
+                                     sol["code"] + ("\n// copy\n" if lang == "cpp" else "\n# copy\n")]):
+                jobs.append(dict(source=src, language=lang, tests=tests, time_limit_s=2 * row["time_limit_seconds"],
+                                 memory_limit_mb=1024))
+    return jobs
+
+
+def naive_judge(job: dict) -> str:
+    """Compile per sample (no PCH), run tests sequentially, no sandbox: the baseline."""
+    work = Path(tempfile.mkdtemp(prefix="naive-"))
+    try:
+        if job["language"] == "cpp":
+            (work / "a.cpp").write_text(job["source"])
+            if subprocess.run(["g++", "-std=c++17", "-O2", "a.cpp", "-o", "a"], cwd=work,
+                              capture_output=True).returncode:
+                return "CE"
+            argv = ["./a"]
+        else:
+            (work / "a.py").write_text(job["source"])
+            argv = [PYTHON, "a.py"]  # the interpreter minirl's judge uses, for a fair comparison
+        for t in job["tests"]:
+            try:
+                p = subprocess.run(argv, cwd=work, input=t["input"].encode(), capture_output=True,
+                                   timeout=job["time_limit_s"])
+            except subprocess.TimeoutExpired:
+                return "TLE"
+            if p.returncode:
+                return "RE"
+            if p.stdout.decode(errors="replace").split() != t["output"].split():
+                return "WA"
+        return "AC"
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--problems", type=int, default=8)
+    ap.add_argument("--tests", type=int, default=10)
+    ap.add_argument("--workers", type=int, default=os.cpu_count())
+    args = ap.parse_args()
+    jobs = build_batch(args.problems, args.tests)
+    n_cpp = sum(j["language"] == "cpp" for j in jobs)
+    print(f"batch: {len(jobs)} programs ({n_cpp} C++, {len(jobs) - n_cpp} Python), "
+          f"{sum(len(j['tests']) for j in jobs)} test runs, {args.workers} workers on {os.cpu_count()} cores")
+
+    langs = {"cpp": [j for j in jobs if j["language"] == "cpp"], "python": [j for j in jobs if j["language"] == "python"]}
+    naive, t_naive = {}, {}
+    for lang, batch in langs.items():
+        t0 = time.perf_counter()
+        naive[lang] = [naive_judge(j) for j in batch]
+        t_naive[lang] = time.perf_counter() - t0
+
+    from minirl.judge import Judge, _cache_dir
+    cache = Path(tempfile.mkdtemp(prefix="bench-", dir=_cache_dir()))  # an empty binary cache
+    os.environ["MINIRL_JUDGE_CACHE"] = str(cache)
+    results, t_minirl = {}, {}
+    with Judge(workers=args.workers) as judge:  # builds the PCH (not timed: once per machine and flag set)
+        for lang, batch in langs.items():
+            t0 = time.perf_counter()
+            results[lang] = judge.run_many(batch)
+            t_minirl[lang] = time.perf_counter() - t0
+        isolation = judge.isolation
+    shutil.rmtree(cache, ignore_errors=True)
+
+    print(f"isolation: {isolation}")
+    print(f"{'':8s} {'naive s':>8s} {'prog/s':>7s} {'minirl s':>9s} {'prog/s':>7s} {'ratio':>6s} {'% of limit':>10s} agree")
+    for lang in list(langs) + ["all"]:
+        keys = list(langs) if lang == "all" else [lang]
+        n = sum(len(langs[k]) for k in keys)
+        tn, tm = sum(t_naive[k] for k in keys), sum(t_minirl[k] for k in keys)
+        res = [r for k in keys for r in results[k]]
+        busy = sum(r.compile_s + sum(t["wall_s"] for t in r.tests) for r in res)
+        agree = sum(a == r.verdict for k in keys for a, r in zip(naive[k], results[k]))
+        print(f"{lang:8s} {tn:8.2f} {n / tn:7.2f} {tm:9.2f} {n / tm:7.2f} {tn / tm:5.1f}x "
+              f"{busy / (os.cpu_count() * tm):10.0%} {agree}/{n}")
+    cpp = results["cpp"]
+    print(f"minirl C++: {sum(r.compile_s for r in cpp):.2f} s compiling with the PCH, "
+          f"{sum(t['wall_s'] for r in cpp for t in r.tests):.2f} s running tests (core-seconds)")
+    from collections import Counter
+    print("minirl verdicts:", dict(Counter(r.verdict for k in langs for r in results[k])))
+    print("% of limit = (sum of compile-with-PCH + test run times) / (cores x wall time)")
+
+
+if __name__ == "__main__":
+    main()
