@@ -129,13 +129,13 @@ def _sandbox_helper() -> str | None:
 
 
 def _sandbox_command(argv: list[str], uid: int, cpu_s: int, memory_mb: int, file_limit: int,
-                     mode: str) -> list[str]:
+                     mode: str, report: Path) -> list[str]:
     """argv wrapped in: namespaces -> private tmpfs mounts -> rlimits -> drop to `uid`."""
     mem = memory_mb << 20
     helper = _sandbox_helper() if mode != "rlimits" else None
     if helper:
         return [helper, str(uid), str(cpu_s), str(mem), str(file_limit), "64",
-                "1" if mode == "namespaces" else "0", "--"] + argv
+                "1" if mode == "namespaces" else "0", str(report), "--"] + argv
     limits = ["prlimit", f"--cpu={cpu_s}", f"--as={mem}", f"--stack={mem}", f"--fsize={file_limit}",
               "--core=0", "--nproc=64", "--nofile=64", "--"]
     if mode == "rlimits":
@@ -153,7 +153,10 @@ def _run_sandboxed(argv: list[str], workdir: Path, stdin_path: Path | None, uid:
                    memory_mb: int, mode: str, output_limit: int = OUTPUT_LIMIT_BYTES) -> dict:
     """Run one process tree; return exit status, CPU/wall time, peak memory and the paths of its output."""
     out_path, err_path = workdir.parent / (workdir.name + ".out"), workdir.parent / (workdir.name + ".err")
-    cmd = _sandbox_command(argv, uid, max(1, math.ceil(time_limit_s)) + 1, memory_mb, output_limit + 1, mode)
+    report = workdir.parent / (workdir.name + ".usage")
+    report.unlink(missing_ok=True)
+    cmd = _sandbox_command(argv, uid, max(1, math.ceil(time_limit_s)) + 1, memory_mb, output_limit + 1, mode,
+                           report)
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(workdir)}
     with open(out_path, "wb") as out, open(err_path, "wb") as err, \
             (open(stdin_path, "rb") if stdin_path else open(os.devnull, "rb")) as inp:
@@ -170,9 +173,13 @@ def _run_sandboxed(argv: list[str], workdir: Path, stdin_path: Path | None, uid:
     _kill_group(proc.pid)  # anything left in the group goes too
     if mode != "rlimits":
         _kill_uid(uid)
-    return {"returncode": proc.returncode, "timed_out": timed_out, "wall_s": wall,
-            "cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_mb": usage.ru_maxrss / 1024,
-            "out": out_path, "err": err_path}
+    cpu_s, rss_mb = usage.ru_utime + usage.ru_stime, None  # rss of the whole chain is not the program's
+    if report.exists() and report.stat().st_size:
+        rss_kb, user_s, sys_s = report.read_text().split()
+        cpu_s, rss_mb = float(user_s) + float(sys_s), int(rss_kb) / 1024
+    report.unlink(missing_ok=True)
+    return {"returncode": proc.returncode, "timed_out": timed_out, "wall_s": wall, "cpu_s": cpu_s,
+            "max_rss_mb": rss_mb, "out": out_path, "err": err_path}
 
 
 def _wait_exit(pid: int, timeout_s: float) -> bool:
@@ -312,7 +319,7 @@ def _compile_cpp(source: str, flags: tuple[str, ...], uid: int, mode: str) -> tu
         return binary, "", seconds
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        for suffix in (".out", ".err"):
+        for suffix in (".out", ".err", ".usage"):
             Path(str(work) + suffix).unlink(missing_ok=True)
 
 
@@ -327,7 +334,8 @@ def _classify(r: dict, time_limit_s: float, memory_mb: int, output_limit: int) -
         return "OLE"
     if rc != 0:
         err = _tail(r["err"], 20000)
-        if "MemoryError" in err or "bad_alloc" in err or r["max_rss_mb"] >= 0.95 * memory_mb:
+        near_limit = r["max_rss_mb"] is not None and r["max_rss_mb"] >= 0.95 * memory_mb
+        if "MemoryError" in err or "bad_alloc" in err or near_limit:
             return "MLE"
         return "RE"
     return None
@@ -375,7 +383,7 @@ def judge_job(source: str, language: str, tests: list[dict], time_limit_s: float
                     outputs_match(actual, test["output"], float_tolerance)
                 v = "AC" if ok else "WA"
             results.append({"verdict": v, "time_s": round(r["cpu_s"], 4), "wall_s": round(r["wall_s"], 4),
-                            "memory_mb": round(r["max_rss_mb"], 1)})
+                            "memory_mb": None if r["max_rss_mb"] is None else round(r["max_rss_mb"], 1)})
             shutil.rmtree(work, ignore_errors=True)
             if v == "AC":
                 passed += 1
