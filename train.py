@@ -173,6 +173,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     before = validate(policy, tokenizer, val_rows, cfg, rank, world, judge) if val_rows else {}
     accelerator.print(f"held-out accuracy before RL: {before}")
+    if accelerator.is_main_process and before:
+        with (out_dir / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps({"training/global_step": 0, **before}) + "\n")
 
     # --- the training loop ----------------------------------------------------------------------------
     metrics_file = out_dir / "metrics.jsonl"
@@ -245,7 +248,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             m[f"critic/{key}"] = sum(u[key] for u in critic_metrics) / len(critic_metrics)
         m["actor/grad_norm"] = sum(grad_norms) / len(grad_norms)
         m["actor/lr"] = scheduler.get_last_lr()[0]
-        if cfg.val_every and (step + 1) % cfg.val_every == 0 and val_rows and step + 1 < cfg.max_steps:
+        if val_rows and (step + 1 == cfg.max_steps or (cfg.val_every and (step + 1) % cfg.val_every == 0)):
             m.update(validate(policy, tokenizer, val_rows, cfg, rank, world, judge))
         m["timing_s/step"] = time.perf_counter() - t_step
         if accelerator.is_main_process:
@@ -256,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             raise FloatingPointError(f"non-finite loss at step {step + 1}; see {metrics_file}")
 
     # --- after training -------------------------------------------------------------------------------
-    after = validate(policy, tokenizer, val_rows, cfg, rank, world, judge) if val_rows else {}
+    after = {k: v for k, v in m.items() if k.startswith("val/")} if cfg.max_steps else {}
     accelerator.print(f"held-out accuracy after RL:  {after}")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:

@@ -78,7 +78,7 @@ class Config:
     max_steps: int = 120                  # training steps (each: sample -> score -> update)
     seed: int = 0
     output_dir: str = "runs/default"      # metrics.jsonl and the final model go here
-    val_every: int = 0                    # also validate every N steps (0 = only before and after)
+    val_every: int = 20                   # validate every N steps, and always before and after (0 = only those)
     val_greedy: bool = True               # validation decodes greedily; False samples with `temperature`
 
 

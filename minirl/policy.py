@@ -43,11 +43,23 @@ def pick_attn_implementation(name: str) -> str:
         return "sdpa"
 
 
+def adapter_base(path: str) -> str | None:
+    """The base model of a peft adapter folder (adapter_config.json), else None."""
+    config = Path(path) / "adapter_config.json"
+    if not config.is_file():
+        return None
+    import json
+    return json.loads(config.read_text())["base_model_name_or_path"]
+
+
 def load_tokenizer(path: str):
-    """AutoTokenizer with left padding (generation appends on the right) and a pad token."""
+    """AutoTokenizer with left padding (generation appends on the right) and a pad token. An adapter folder
+    without tokenizer files uses its base model's tokenizer."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    has_tokenizer = any((Path(path) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json"))
+    tokenizer = AutoTokenizer.from_pretrained(path if has_tokenizer or adapter_base(path) is None
+                                              else adapter_base(path))
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:  # many base models ship none; eos is safe because masks exclude padding
         tokenizer.pad_token = tokenizer.eos_token
@@ -56,9 +68,14 @@ def load_tokenizer(path: str):
 
 def load_model(path: str, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa",
                gradient_checkpointing: bool = False):
+    """A causal LM from a folder: a full model, a merged LoRA model, or a peft adapter on its base model."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+    if adapter_base(path) is not None:
+        from peft import AutoPeftModelForCausalLM
+        model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
     if gradient_checkpointing:
         enable_gradient_checkpointing(model)
     return model

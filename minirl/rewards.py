@@ -142,8 +142,8 @@ def _as_problem(ground_truth) -> dict:
     return json.loads(ground_truth) if isinstance(ground_truth, str) else ground_truth
 
 
-def code_rewards(completions: list[str], problems: list[dict], judge, style: str = "codefu") -> list[float]:
-    """Judge a batch of completions in parallel (one `judge.run_many`) and map each verdict to a reward.
+def judge_completions(completions: list[str], problems: list, judge) -> list:
+    """JudgeResult per completion (None where no code block was found), all judged in one `run_many`.
 
     problem: {"tests": [{"input", "output"}], "language": "cpp"|"python", "time_limit_s", "memory_limit_mb",
               "float_tolerance"?} (the `reward_model.ground_truth` of a prepared code row, dict or JSON).
@@ -155,7 +155,12 @@ def code_rewards(completions: list[str], problems: list[dict], judge, style: str
                  float_tolerance=p.get("float_tolerance"))
             for src, p in zip(sources, problems) if src is not None]
     results = iter(judge.run_many(jobs)) if jobs else iter(())
-    return [reward_from_result(next(results) if src is not None else None, style) for src in sources]
+    return [next(results) if src is not None else None for src in sources]
+
+
+def code_rewards(completions: list[str], problems: list, judge, style: str = "codefu") -> list[float]:
+    """Judge a batch of completions in parallel and map each verdict to a reward (see `judge_completions`)."""
+    return [reward_from_result(res, style) for res in judge_completions(completions, problems, judge)]
 
 
 def code_reward(completion: str, problem: dict, judge, style: str = "codefu") -> float:

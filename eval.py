@@ -1,0 +1,95 @@
+"""Evaluate a saved model on math or code problems: pass@k, maj@n, per-sample JSONL and a summary.
+
+    python eval.py --model runs/default --data data/arith_test.jsonl --n 8 --k 1,4,8 --temperature 0.6
+    python eval.py --model runs/gsm8k --data ../shared/data/gsm8k/test_200.jsonl --n 1 --temperature 0   # greedy
+    python eval.py --model runs/code --data data/prepared/codecontests_test165_deepcoder_cpp.jsonl --n 4 --k 1,4
+
+--model: any folder `save_pretrained` wrote (full model, merged LoRA, or a LoRA adapter on its base).
+--data: prepared rows (GSM8K, MATH, code), a raw GSM8K or MATH file (recognised by its fields), or SimpleRL
+custom rows {"instruction", "expected_output"}. Writes OUT/samples.jsonl (one row per completion) and
+OUT/summary.json, and prints a table. The scoring is minirl.evaluate.evaluate, the function train.py's
+validation calls, with the same rewards and the same sandboxed judge for code.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from minirl.data import load_rows
+from minirl.evaluate import evaluate, summarize
+from minirl.policy import load_model, load_tokenizer, pick_attn_implementation, pick_dtype, resolve_model_path
+from minirl.rewards import is_code
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="a save_pretrained folder, or 'tiny'")
+    ap.add_argument("--data", required=True, help="a .jsonl/.json/.parquet file (comma-separate several)")
+    ap.add_argument("--n", type=int, default=1, help="completions per problem")
+    ap.add_argument("--k", default="1", help="comma-separated k for pass@k (each <= n)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (needs --n 1)")
+    ap.add_argument("--top_p", type=float, default=1.0)
+    ap.add_argument("--max_new_tokens", type=int, default=512)
+    ap.add_argument("--limit", type=int, default=0, help="only the first N problems (0 = all)")
+    ap.add_argument("--batch_size", type=int, default=16, help="problems per generate call")
+    ap.add_argument("--output", default=None, help="output folder (default: <model>/eval)")
+    ap.add_argument("--code_reward_style", choices=["codefu", "binary"], default="codefu")
+    ap.add_argument("--judge_workers", type=int, default=0, help="0 = all cores")
+    args = ap.parse_args(argv)
+    ks = [int(k) for k in args.k.split(",") if k]
+    if args.n < 1 or any(k < 1 or k > args.n for k in ks):
+        ap.error(f"--k values must be between 1 and --n ({args.n}); got {args.k}")
+    if args.temperature == 0 and args.n != 1:
+        ap.error("--temperature 0 is greedy decoding: every sample would be identical; use --n 1 or a temperature")
+    args.ks = ks
+    return args
+
+
+def print_table(summary: dict[str, dict]) -> None:
+    cols = sorted({k for s in summary.values() for k in s}, key=lambda c: (not c.startswith(("mean", "pass", "maj",
+                                                                                                "greedy")), c))
+    print(f"{'data_source':32s} " + " ".join(f"{c[:14]:>14s}" for c in cols))
+    for src, s in summary.items():
+        print(f"{src[:32]:32s} " + " ".join(f"{s.get(c, float('nan')):14.4f}" if isinstance(s.get(c), float)
+                                             else f"{str(s.get(c, '')):>14s}" for c in cols))
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict]:
+    args = parse_args(argv)
+    path = resolve_model_path(args.model)
+    out = Path(args.output or Path(path) / "eval")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = load_tokenizer(path)
+    model = load_model(path, pick_dtype("auto", device), pick_attn_implementation("auto")).to(device).eval()
+    rows = load_rows(args.data, split="test", limit=args.limit)
+    judge = None
+    if any(is_code(r) for r in rows):
+        from minirl.judge import Judge
+        judge = Judge(args.judge_workers or None)
+    greedy = args.temperature == 0
+    with tqdm(total=len(rows), desc="generate + score", dynamic_ncols=True) as bar:
+        records = evaluate(model, tokenizer, rows, n=args.n, greedy=greedy, temperature=args.temperature or 1.0,
+                           top_p=args.top_p, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                           progress=bar.update, judge=judge, code_style=args.code_reward_style)
+    if judge is not None:
+        judge.close()
+    summary = summarize(records, args.ks, greedy=greedy)
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "samples.jsonl").open("w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print_table(summary)
+    print(f"wrote {out / 'samples.jsonl'} ({len(records)} completions) and {out / 'summary.json'}")
+    return summary
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(0 if main() else 1)

@@ -1,0 +1,80 @@
+"""Draw a run's metrics.jsonl as PNG curves: reward, KL, clip fraction, response length, validation score.
+
+    python scripts/plot_metrics.py runs/default            # writes runs/default/metrics.png
+    python scripts/plot_metrics.py RUN_DIR --out plot.png --smooth 5
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+PANELS = [  # (title, metric keys drawn in the panel)
+    ("reward", ["critic/reward/mean", "critic/reward/max", "critic/reward/min"]),
+    ("validation score", None),  # every val/test_score/<source>
+    ("KL", ["actor/ppo_kl", "actor/kl_loss"]),
+    ("clip fraction", ["actor/pg_clipfrac"]),
+    ("response length", ["response_length/mean", "response_length/max", "response_length/min"]),
+    ("entropy and grad norm", ["actor/entropy", "actor/grad_norm"]),
+]
+
+
+def smooth(values: list[float], window: int) -> list[float]:
+    if window <= 1:
+        return values
+    out, acc = [], []
+    for v in values:
+        acc = (acc + [v])[-window:]
+        out.append(sum(acc) / len(acc))
+    return out
+
+
+def plot(run_dir: Path, out: Path, window: int = 1) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: pass the output_dir of a training run")
+    rows = [json.loads(line) for line in path.open() if line.strip()]
+    if not rows:
+        raise ValueError(f"{path} is empty")
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for ax, (title, keys) in zip(axes.flat, PANELS):
+        keys = keys or sorted({k for r in rows for k in r if k.startswith("val/test_score/")})
+        for key in keys:
+            points = [(r["training/global_step"], r[key]) for r in rows if key in r]
+            if points:
+                steps, values = zip(*points)
+                ax.plot(steps, smooth(list(values), 1 if title == "validation score" else window),
+                        marker="o" if len(points) < 20 else None, label=key)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if ax.lines:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+    fig.suptitle(str(run_dir))
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dir")
+    ap.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/metrics.png)")
+    ap.add_argument("--smooth", type=int, default=1, help="moving-average window")
+    args = ap.parse_args()
+    run_dir = Path(args.run_dir)
+    try:
+        print(plot(run_dir, Path(args.out) if args.out else run_dir / "metrics.png", args.smooth))
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(str(e))
+
+
+if __name__ == "__main__":
+    main()
