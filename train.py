@@ -28,6 +28,7 @@ import torch.distributed as dist
 from accelerate import Accelerator
 from tqdm import tqdm
 
+from minirl import checkpoint
 from minirl.config import Config, parse_config
 from minirl.data import load_rows, prompt_indices, prompt_text
 from minirl.evaluate import accuracy_by_source, evaluate
@@ -35,7 +36,7 @@ from minirl.critic import critic_forward_backward, critic_values, load_critic
 from minirl.loss import gae, group_advantages, kl_penalty, outcome_token_rewards, whiten
 from minirl.policy import (load_model, load_tokenizer, pick_attn_implementation, pick_dtype, resolve_model_path,
                            token_logprobs)
-from minirl.reference import load_reference, reference_logprobs
+from minirl.reference import adapter_disabled, load_reference, reference_logprobs
 from minirl.judge import Judge
 from minirl.rewards import is_code, overlong_penalty, score
 from minirl.rollout import Rollout, concat_rollouts, sample, select_groups
@@ -120,6 +121,56 @@ def sample_and_score(policy, tokenizer, train_rows: list[dict], cfg: Config, pos
     return rollout, kept_rows, rewards, position, metrics
 
 
+def add_lora(model, cfg: Config):
+    """Wrap the policy in a peft LoRA adapter; only the adapter's weights train."""
+    from peft import LoraConfig, get_peft_model
+    targets = cfg.lora_target_modules if cfg.lora_target_modules == "all-linear" else \
+        [t.strip() for t in cfg.lora_target_modules.split(",") if t.strip()]
+    return get_peft_model(model, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                                            target_modules=targets, task_type="CAUSAL_LM"))
+
+
+def save_checkpoint(accelerator, cfg: Config, step: int, position: int, policy, optimizer, scheduler, critic,
+                    critic_optimizer) -> None:
+    """All processes save their RNG; the main process saves the rest and renames the folder into place."""
+    out_dir = Path(cfg.output_dir)
+    if accelerator.is_main_process:
+        checkpoint.begin_save(out_dir, step)
+    accelerator.wait_for_everyone()
+    tmp = checkpoint.begin_save(out_dir, step)
+    checkpoint.save_process_state(tmp, accelerator.process_index)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        checkpoint.save_shared_state(tmp, policy, optimizer, scheduler, step, position, vars(cfg), critic,
+                                     critic_optimizer)
+        checkpoint.finish_save(out_dir, tmp, step, cfg.keep_last)
+    accelerator.wait_for_everyone()
+
+
+def resume(accelerator, cfg: Config, policy, optimizer, scheduler, critic, critic_optimizer) -> tuple[int, int]:
+    """(step, position) to start from: restored from a checkpoint when cfg.resume asks for one."""
+    if not cfg.resume:
+        return 0, 0
+    folder = checkpoint.latest_checkpoint(cfg.output_dir) if cfg.resume == "auto" else Path(cfg.resume)
+    if folder is None:
+        accelerator.print(f"resume=auto: no checkpoint in {checkpoint.checkpoint_root(cfg.output_dir)}; starting fresh")
+        return 0, 0
+    if not (folder / "trainer_state.json").exists():
+        raise SystemExit(f"resume: {folder} is not a complete checkpoint (no trainer_state.json)")
+    state = checkpoint.load_checkpoint(folder, accelerator.process_index, policy, optimizer, scheduler, critic,
+                                       critic_optimizer)
+    if state["step"] >= cfg.max_steps:
+        raise SystemExit(f"resume: the run in {cfg.output_dir} already finished step {state['step']} "
+                         f"(max_steps={cfg.max_steps}); nothing to train. Raise --max_steps to continue it.")
+    metrics_file = Path(cfg.output_dir) / "metrics.jsonl"
+    if accelerator.is_main_process and metrics_file.exists():  # drop rows logged after the checkpoint
+        rows = [line for line in metrics_file.read_text().splitlines()
+                if line.strip() and json.loads(line)["training/global_step"] <= state["step"]]
+        metrics_file.write_text("".join(r + "\n" for r in rows))
+    accelerator.print(f"resumed from {folder} at step {state['step']}")
+    return state["step"], state["position"]
+
+
 def stats(name: str, x: torch.Tensor) -> dict[str, float]:
     x = x.float()
     return {f"{name}/mean": float(x.mean()), f"{name}/max": float(x.max()), f"{name}/min": float(x.min())}
@@ -133,7 +184,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     out_dir = Path(cfg.output_dir)
     if accelerator.is_main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.json").write_text(json.dumps(vars(cfg), indent=2))
+        (out_dir / "run_config.json").write_text(json.dumps(vars(cfg), indent=2))  # not config.json: that name is the model's
 
     # --- policy, reference, data ----------------------------------------------------------------------
     with accelerator.main_process_first():  # the first process builds the toy model if needed
@@ -141,8 +192,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     dtype, attn = pick_dtype(cfg.dtype, device), pick_attn_implementation(cfg.attn_implementation)
     tokenizer = load_tokenizer(path)
     policy = load_model(path, dtype, attn, cfg.gradient_checkpointing).to(device)
+    if cfg.lora_rank > 0:
+        policy = add_lora(policy, cfg)
     policy.train()
-    ref_model = load_reference(path, dtype, attn, device) if cfg.kl_coef > 0 else None
+    # the KL reference: a frozen copy, or with LoRA the policy with its adapter switched off (no second copy)
+    ref_model = load_reference(path, dtype, attn, device) if cfg.kl_coef > 0 and cfg.lora_rank == 0 else None
     critic = None
     if cfg.algorithm == "ppo":
         critic = load_critic(resolve_model_path(cfg.critic_model_path) if cfg.critic_model_path else path,
@@ -162,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     # one sandboxed judge pool for the whole run, only when there are code problems
     judge = Judge(cfg.judge_workers or None) if any(is_code(r) for r in train_rows + val_rows) else None
 
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay,
                                   betas=(cfg.adam_beta1, cfg.adam_beta2))
     optimizer_steps_per_step = cfg.ppo_epochs * cfg.mini_batches
     scheduler = warmup_constant_schedule(optimizer, cfg.warmup_steps * optimizer_steps_per_step)
@@ -171,16 +225,24 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     loss_settings = LossSettings.from_config(cfg)
     B, G = cfg.prompts_per_step, cfg.group_size
 
-    before = validate(policy, tokenizer, val_rows, cfg, rank, world, judge) if val_rows else {}
+    start_step, position = resume(accelerator, cfg, policy, optimizer, scheduler, critic, critic_optimizer)
+    if start_step == 0:
+        if accelerator.is_main_process:
+            (out_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run starts a fresh log
+        before = validate(policy, tokenizer, val_rows, cfg, rank, world, judge) if val_rows else {}
+        if accelerator.is_main_process and before:
+            with (out_dir / "metrics.jsonl").open("a") as f:
+                f.write(json.dumps({"training/global_step": 0, **before}) + "\n")
+    else:  # the validation before training is row 0 of the log
+        first = json.loads((out_dir / "metrics.jsonl").open().readline() or "{}")
+        before = {k: v for k, v in first.items() if k.startswith("val/")}
     accelerator.print(f"held-out accuracy before RL: {before}")
-    if accelerator.is_main_process and before:
-        with (out_dir / "metrics.jsonl").open("a") as f:
-            f.write(json.dumps({"training/global_step": 0, **before}) + "\n")
 
     # --- the training loop ----------------------------------------------------------------------------
     metrics_file = out_dir / "metrics.jsonl"
-    position = 0  # prompts consumed so far, all processes together
-    bar = tqdm(range(cfg.max_steps), desc="train", disable=not accelerator.is_main_process, dynamic_ncols=True)
+    # position: prompts consumed so far, all processes together
+    bar = tqdm(range(start_step, cfg.max_steps), desc="train", initial=start_step, total=cfg.max_steps,
+               disable=not accelerator.is_main_process, dynamic_ncols=True)
     for step in bar:
         t_step = time.perf_counter()
 
@@ -201,8 +263,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             batch["old_logp"] = torch.cat([token_logprobs(policy, batch["input_ids"][s:s + mbs],
                                                           batch["attention_mask"][s:s + mbs], R)[0]
                                            for s in range(0, N, mbs)])
-            if ref_model is not None:
-                batch["ref_logp"] = reference_logprobs(ref_model, batch["input_ids"], batch["attention_mask"], R, mbs)
+            if cfg.kl_coef > 0:
+                with adapter_disabled(policy) if ref_model is None else torch.no_grad():
+                    batch["ref_logp"] = reference_logprobs(ref_model or policy, batch["input_ids"],
+                                                           batch["attention_mask"], R, mbs)
             # advantages: group-relative (GRPO family) or GAE on the critic's values (PPO)
             if cfg.algorithm == "grpo":
                 batch["advantages"] = group_advantages(rewards, G, cfg.adv_estimator, cfg.adv_std,
@@ -257,14 +321,20 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             bar.set_postfix(reward=f"{m['critic/reward/mean']:.3f}", len=f"{m['response_length/mean']:.1f}")
         if not math.isfinite(m["actor/pg_loss"]):
             raise FloatingPointError(f"non-finite loss at step {step + 1}; see {metrics_file}")
+        if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.max_steps:
+            save_checkpoint(accelerator, cfg, step + 1, position, policy, optimizer, scheduler, critic,
+                            critic_optimizer)
 
     # --- after training -------------------------------------------------------------------------------
     after = {k: v for k, v in m.items() if k.startswith("val/")} if cfg.max_steps else {}
     accelerator.print(f"held-out accuracy after RL:  {after}")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        policy.save_pretrained(out_dir)
+        policy.save_pretrained(out_dir)  # with LoRA: the adapter (eval.py loads it on its base)
         tokenizer.save_pretrained(out_dir)
+        if cfg.lora_rank > 0 and cfg.save_merged:  # a plain model that AutoModelForCausalLM loads
+            policy.merge_and_unload().save_pretrained(out_dir / "merged")
+            tokenizer.save_pretrained(out_dir / "merged")
         summary = {"before": before, "after": after, "steps": cfg.max_steps}
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"saved the policy and tokenizer to {out_dir}")

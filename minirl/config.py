@@ -24,6 +24,11 @@ class Config:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = "auto"  # auto: flash-attn if importable, else sdpa
     gradient_checkpointing: bool = False  # recompute activations in backward; generation still uses the KV cache
+    lora_rank: int = 0                    # > 0: train a LoRA adapter (peft) instead of all weights
+    lora_alpha: int = 32                  # LoRA scaling numerator (scale = alpha / rank)
+    lora_dropout: float = 0.0
+    lora_target_modules: str = "all-linear"  # peft's "all-linear", or comma-separated names (q_proj,v_proj)
+    save_merged: bool = False             # with LoRA, also save the merged model to <output_dir>/merged
     # --- data ----------------------------------------------------------------------------------------------
     train_files: str = "data/arith_train.jsonl"  # comma-separated .jsonl/.json/.parquet in veRL's row format
     val_files: str = "data/arith_test.jsonl"     # held-out rows for accuracy before/after (and every val_every)
@@ -80,6 +85,9 @@ class Config:
     output_dir: str = "runs/default"      # metrics.jsonl and the final model go here
     val_every: int = 20                   # validate every N steps, and always before and after (0 = only those)
     val_greedy: bool = True               # validation decodes greedily; False samples with `temperature`
+    save_every: int = 0                   # checkpoint every N steps (0 = only at the end); see checkpoint.py
+    keep_last: int = 2                    # complete checkpoints kept
+    resume: str = ""                      # "auto": newest checkpoint in output_dir; or a checkpoint folder
 
 
 class ConfigError(ValueError):
@@ -149,6 +157,8 @@ def validate(cfg: Config) -> None:
                           f"({cfg.max_new_tokens})")
     if cfg.dual_clip and cfg.dual_clip <= 1:
         raise ConfigError(f"config key 'dual_clip' must be 0 (off) or > 1, got {cfg.dual_clip}")
+    if cfg.lora_rank < 0 or cfg.lora_alpha < 1 or not 0 <= cfg.lora_dropout < 1:
+        raise ConfigError("config keys 'lora_rank' must be >= 0, 'lora_alpha' >= 1 and 'lora_dropout' in [0, 1)")
     for key in ["lr", "kl_coef", "clip_low", "clip_high", "max_grad_norm", "adv_eps", "weight_decay", "critic_lr",
                 "value_clip", "overlong_buffer", "overlong_penalty"]:
         if getattr(cfg, key) < 0:

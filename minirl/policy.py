@@ -54,12 +54,10 @@ def adapter_base(path: str) -> str | None:
 
 def load_tokenizer(path: str):
     """AutoTokenizer with left padding (generation appends on the right) and a pad token. An adapter folder
-    without tokenizer files uses its base model's tokenizer."""
+    uses its base model's tokenizer (LoRA does not change it; AutoTokenizer needs the base's config)."""
     from transformers import AutoTokenizer
 
-    has_tokenizer = any((Path(path) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json"))
-    tokenizer = AutoTokenizer.from_pretrained(path if has_tokenizer or adapter_base(path) is None
-                                              else adapter_base(path))
+    tokenizer = AutoTokenizer.from_pretrained(adapter_base(path) or path)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:  # many base models ship none; eos is safe because masks exclude padding
         tokenizer.pad_token = tokenizer.eos_token

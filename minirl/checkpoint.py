@@ -1,0 +1,128 @@
+"""Checkpoints that survive crashes, and exact resumption.
+
+A checkpoint is a folder `<output_dir>/checkpoints/step_000040/` holding everything the next step depends on:
+the policy's weights (or only its LoRA adapter), the optimizer and LR-scheduler state, the critic and its
+optimizer (PPO), every process's RNG states, the step and the position in the prompt stream. It is written into
+`.tmp-step_000040/` and renamed into place when complete: a rename is atomic, so a crash mid-write leaves
+only a `.tmp-*` folder, which `latest_checkpoint` ignores (and the next save removes). The last `keep_last`
+checkpoints are kept.
+
+Resuming restores all of it, so a run killed after step k and resumed gives the same metrics and weights as
+one that never stopped (tests/test_checkpoint.py checks this bit for bit).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+STEP_DIR = re.compile(r"^step_(\d{6,})$")
+
+
+def checkpoint_root(output_dir: str | Path) -> Path:
+    return Path(output_dir) / "checkpoints"
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint (its folder exists only once fully written), or None."""
+    root = checkpoint_root(output_dir)
+    steps = sorted((int(m.group(1)), p) for p in root.glob("step_*") if (m := STEP_DIR.match(p.name))
+                   and (p / "trainer_state.json").exists()) if root.is_dir() else []
+    return steps[-1][1] if steps else None
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def begin_save(output_dir: str | Path, step: int) -> Path:
+    """The temporary folder every process writes into (call on all processes, after a barrier)."""
+    tmp = checkpoint_root(output_dir) / f".tmp-step_{step:06d}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    return tmp
+
+
+def save_process_state(tmp: Path, rank: int) -> None:
+    """What differs per process: its RNG states (each samples differently)."""
+    torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
+
+
+def save_shared_state(tmp: Path, model, optimizer, scheduler, step: int, position: int, config: dict,
+                      critic=None, critic_optimizer=None) -> None:
+    """What all processes share (written by the main process): weights, optimizer, scheduler, counters."""
+    model.save_pretrained(tmp / "model")  # a LoRA model saves its adapter only
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    if critic is not None:
+        torch.save(critic.state_dict(), tmp / "critic.pt")
+        torch.save(critic_optimizer.state_dict(), tmp / "critic_optimizer.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "position": position, "config": config},
+                                                       indent=2))
+
+
+def finish_save(output_dir: str | Path, tmp: Path, step: int, keep_last: int) -> Path:
+    """Rename the finished folder into place (atomic), then drop old and half-written checkpoints."""
+    final = checkpoint_root(output_dir) / f"step_{step:06d}"
+    if final.exists():  # re-saving a step (e.g. the end of a run that was resumed at its last step)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    root = checkpoint_root(output_dir)
+    complete = sorted(p for p in root.glob("step_*") if STEP_DIR.match(p.name))
+    for old in complete[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    for stale in root.glob(".tmp-step_*"):
+        if stale != tmp:
+            shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def load_weights(model, folder: Path) -> None:
+    """Load saved weights (full model or LoRA adapter) into an existing model, in place."""
+    from safetensors.torch import load_file
+
+    if (folder / "adapter_model.safetensors").exists():
+        from peft import set_peft_model_state_dict
+        set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")))
+        return
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no weights in {folder}")
+    state = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # tied weights (lm_head = embeddings) are saved once; anything else missing is an error
+    missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"checkpoint {folder} does not match the model: missing {missing[:5]}, "
+                           f"unexpected {unexpected[:5]}")
+
+
+def load_checkpoint(folder: Path, rank: int, model, optimizer, scheduler, critic=None,
+                    critic_optimizer=None) -> dict:
+    """Restore everything saved in `folder`; returns trainer_state (step, position, config)."""
+    load_weights(model, folder / "model")
+    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
+    scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
+    if critic is not None:
+        critic.load_state_dict(torch.load(folder / "critic.pt", weights_only=False))
+        critic_optimizer.load_state_dict(torch.load(folder / "critic_optimizer.pt", weights_only=False))
+    rng_file = folder / f"rng_rank{rank}.pt"
+    if rng_file.exists():  # a different number of processes than before: keep fresh RNG on the new ones
+        set_rng_state(torch.load(rng_file, weights_only=False))
+    return json.loads((folder / "trainer_state.json").read_text())
