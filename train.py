@@ -24,13 +24,14 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from accelerate import Accelerator
 from tqdm import tqdm
 
 from minirl import checkpoint
 from minirl.config import Config, parse_config
 from minirl.data import load_rows, prompt_indices, prompt_text
+from minirl.distributed import (all_reduce_sum, full_optimizer_state, full_state_dict, gathered, is_sharded, shard,
+                                sum_gradients_across_processes)
 from minirl.evaluate import accuracy_by_source, evaluate
 from minirl.critic import critic_forward_backward, critic_values, load_critic
 from minirl.loss import gae, group_advantages, kl_penalty, outcome_token_rewards, whiten
@@ -43,30 +44,14 @@ from minirl.rollout import Rollout, concat_rollouts, sample, select_groups
 from minirl.update import LossSettings, forward_backward, optim_step, warmup_constant_schedule
 
 
-# --- distributed helpers: the only place that knows about several processes ------------------------------
-
-def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
-
-
-def sum_gradients_across_processes(model) -> None:
-    """Data parallelism: each process's loss is normalised by the *global* token count, so the global gradient
-    is the plain sum of the per-process gradients."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        for p in model.parameters():
-            if p.grad is not None:
-                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-
-
 @torch.no_grad()
 def validate(model, tokenizer, rows: list[dict], cfg: Config, rank: int, world: int, judge=None) -> dict[str, float]:
     """Mean reward (accuracy for 0/1 rewards) on held-out rows, each process scoring its own share;
     returns val/test_score/<data_source>."""
-    records = evaluate(model, tokenizer, rows[rank::world], n=1 if cfg.val_greedy else cfg.group_size,
-                       greedy=cfg.val_greedy, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                       judge=judge, code_style=cfg.code_reward_style)
+    with gathered(model):
+        records = evaluate(model, tokenizer, rows[rank::world], n=1 if cfg.val_greedy else cfg.group_size,
+                           greedy=cfg.val_greedy, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                           judge=judge, code_style=cfg.code_reward_style)
     sources = sorted({r["data_source"] for r in rows})
     sums = torch.tensor([[sum(r["reward"] for r in records if r["data_source"] == s),
                           sum(1 for r in records if r["data_source"] == s)] for s in sources], dtype=torch.float64)
@@ -90,8 +75,9 @@ def sample_and_score(policy, tokenizer, train_rows: list[dict], cfg: Config, pos
         position += B * world  # this round's prompts, all processes together
         rounds += 1
         t0 = time.perf_counter()
-        rollout = sample(policy, tokenizer, [prompt_text(r, tokenizer) for r in rows], G, cfg.max_new_tokens,
-                         cfg.temperature, cfg.top_p, cfg.top_k)
+        with gathered(policy):  # FSDP: full weights once per rollout, not per token
+            rollout = sample(policy, tokenizer, [prompt_text(r, tokenizer) for r in rows], G, cfg.max_new_tokens,
+                             cfg.temperature, cfg.top_p, cfg.top_k)
         t_gen += time.perf_counter() - t0
         t0 = time.perf_counter()
         rewards = torch.tensor(score(rollout.texts, [r for r in rows for _ in range(G)], judge, cfg.code_reward_style),
@@ -121,6 +107,15 @@ def sample_and_score(policy, tokenizer, train_rows: list[dict], cfg: Config, pos
     return rollout, kept_rows, rewards, position, metrics
 
 
+def check_trackers_installed(trackers: list[str]) -> None:
+    """accelerate silently drops a tracker whose package is missing; say so instead."""
+    import importlib.util
+    for name in trackers:
+        if importlib.util.find_spec(name) is None:
+            raise SystemExit(f"report_to: {name!r} is not installed (pip install {name}); metrics.jsonl is "
+                             "written regardless")
+
+
 def add_lora(model, cfg: Config):
     """Wrap the policy in a peft LoRA adapter; only the adapter's weights train."""
     from peft import LoraConfig, get_peft_model
@@ -139,10 +134,11 @@ def save_checkpoint(accelerator, cfg: Config, step: int, position: int, policy, 
     accelerator.wait_for_everyone()
     tmp = checkpoint.begin_save(out_dir, step)
     checkpoint.save_process_state(tmp, accelerator.process_index)
+    model_state, optimizer_state = full_state_dict(policy), full_optimizer_state(policy, optimizer)  # collective
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         checkpoint.save_shared_state(tmp, policy, optimizer, scheduler, step, position, vars(cfg), critic,
-                                     critic_optimizer)
+                                     critic_optimizer, model_state, optimizer_state)
         checkpoint.finish_save(out_dir, tmp, step, cfg.keep_last)
     accelerator.wait_for_everyone()
 
@@ -158,7 +154,7 @@ def resume(accelerator, cfg: Config, policy, optimizer, scheduler, critic, criti
     if not (folder / "trainer_state.json").exists():
         raise SystemExit(f"resume: {folder} is not a complete checkpoint (no trainer_state.json)")
     state = checkpoint.load_checkpoint(folder, accelerator.process_index, policy, optimizer, scheduler, critic,
-                                       critic_optimizer)
+                                       critic_optimizer, sharded=is_sharded(policy))
     if state["step"] >= cfg.max_steps:
         raise SystemExit(f"resume: the run in {cfg.output_dir} already finished step {state['step']} "
                          f"(max_steps={cfg.max_steps}); nothing to train. Raise --max_steps to continue it.")
@@ -178,7 +174,12 @@ def stats(name: str, x: torch.Tensor) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     cfg = parse_config(argv)
-    accelerator = Accelerator()
+    trackers = [t.strip() for t in cfg.report_to.split(",") if t.strip()]
+    check_trackers_installed(trackers)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
+        # under torchrun on CPU, accelerate otherwise runs every process as an independent world of one
+        os.environ.setdefault("ACCELERATE_USE_CPU", "1")
+    accelerator = Accelerator(log_with=trackers or None, project_dir=cfg.output_dir)
     rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
     torch.manual_seed(cfg.seed * 1000 + rank)  # different samples on each process
     out_dir = Path(cfg.output_dir)
@@ -191,9 +192,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         path = resolve_model_path(cfg.model_name_or_path)
     dtype, attn = pick_dtype(cfg.dtype, device), pick_attn_implementation(cfg.attn_implementation)
     tokenizer = load_tokenizer(path)
-    policy = load_model(path, dtype, attn, cfg.gradient_checkpointing).to(device)
+    policy = load_model(path, dtype, attn, cfg.gradient_checkpointing, cfg.load_in_bits)
+    policy = policy if cfg.load_in_bits else policy.to(device)
     if cfg.lora_rank > 0:
         policy = add_lora(policy, cfg)
+    if cfg.fsdp and world > 1:
+        shard(policy)  # before the optimizer exists: it must hold the sharded parameters
+    elif cfg.fsdp:
+        accelerator.print("fsdp: one process, nothing to shard")
     policy.train()
     # the KL reference: a frozen copy, or with LoRA the policy with its adapter switched off (no second copy)
     ref_model = load_reference(path, dtype, attn, device) if cfg.kl_coef > 0 and cfg.lora_rank == 0 else None
@@ -225,6 +231,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     loss_settings = LossSettings.from_config(cfg)
     B, G = cfg.prompts_per_step, cfg.group_size
 
+    if trackers:  # metrics.jsonl is always written; these are extra (accelerate checks they are installed)
+        accelerator.init_trackers("minirl", config={k: v for k, v in vars(cfg).items()})
     start_step, position = resume(accelerator, cfg, policy, optimizer, scheduler, critic, critic_optimizer)
     if start_step == 0:
         if accelerator.is_main_process:
@@ -258,11 +266,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
         # log-probs of the sampling policy (and reference, and values) from the trainer's own forward pass
         t0 = time.perf_counter()
-        mbs = cfg.micro_batch_size
+        width = batch["input_ids"].shape[1]  # every sequence of the step is padded to this many tokens
+        mbs = max(1, cfg.micro_batch_tokens // width) if cfg.micro_batch_tokens else cfg.micro_batch_size
         with torch.no_grad():
-            batch["old_logp"] = torch.cat([token_logprobs(policy, batch["input_ids"][s:s + mbs],
-                                                          batch["attention_mask"][s:s + mbs], R)[0]
-                                           for s in range(0, N, mbs)])
+            parts = [token_logprobs(policy, batch["input_ids"][s:s + mbs], batch["attention_mask"][s:s + mbs], R,
+                                    with_entropy=True) for s in range(0, N, mbs)]
+            batch["old_logp"] = torch.cat([p[0] for p in parts])
+            entropy = torch.cat([p[1] for p in parts])                                              # (N, R)
             if cfg.kl_coef > 0:
                 with adapter_disabled(policy) if ref_model is None else torch.no_grad():
                     batch["ref_logp"] = reference_logprobs(ref_model or policy, batch["input_ids"],
@@ -288,7 +298,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 counts = all_reduce_sum(torch.tensor([float(mb["response_mask"].sum()), float(len(mb["input_ids"]))],
                                                      device=device))
                 num_tokens, num_seqs = max(float(counts[0]), 1.0), float(counts[1])
-                update_metrics.append(forward_backward(policy, mb, loss_settings, mbs, num_tokens, num_seqs))
+                # FSDP averages gradients over processes; the loss wants their sum (see distributed.py)
+                update_metrics.append(forward_backward(policy, mb, loss_settings, mbs, num_tokens, num_seqs,
+                                                       loss_scale=world if is_sharded(policy) else 1.0))
                 sum_gradients_across_processes(policy)
                 grad_norms.append(optim_step(policy, optimizer, scheduler, cfg.max_grad_norm))
                 if critic is not None:
@@ -310,6 +322,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             m[f"actor/{key}"] = sum(u[key] for u in update_metrics) / len(update_metrics)
         for key in critic_metrics[0] if critic_metrics else []:
             m[f"critic/{key}"] = sum(u[key] for u in critic_metrics) / len(critic_metrics)
+        ent = all_reduce_sum(torch.stack([(entropy * batch["response_mask"]).sum(),
+                                          batch["response_mask"].sum().float()]))
+        m["actor/entropy"] = float(ent[0] / ent[1].clamp(min=1))  # of the sampling policy, per response token
         m["actor/grad_norm"] = sum(grad_norms) / len(grad_norms)
         m["actor/lr"] = scheduler.get_last_lr()[0]
         if val_rows and (step + 1 == cfg.max_steps or (cfg.val_every and (step + 1) % cfg.val_every == 0)):
@@ -318,6 +333,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         if accelerator.is_main_process:
             with metrics_file.open("a") as f:
                 f.write(json.dumps(m) + "\n")
+            if trackers:
+                accelerator.log(m, step=step + 1)
             bar.set_postfix(reward=f"{m['critic/reward/mean']:.3f}", len=f"{m['response_length/mean']:.1f}")
         if not math.isfinite(m["actor/pg_loss"]):
             raise FloatingPointError(f"non-finite loss at step {step + 1}; see {metrics_file}")
@@ -329,8 +346,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     after = {k: v for k, v in m.items() if k.startswith("val/")} if cfg.max_steps else {}
     accelerator.print(f"held-out accuracy after RL:  {after}")
     accelerator.wait_for_everyone()
+    model_state = full_state_dict(policy)  # FSDP: gathered on every process (collective), saved by the first
     if accelerator.is_main_process:
-        policy.save_pretrained(out_dir)  # with LoRA: the adapter (eval.py loads it on its base)
+        policy.save_pretrained(out_dir, state_dict=model_state)  # with LoRA: the adapter (eval.py loads it)
         tokenizer.save_pretrained(out_dir)
         if cfg.lora_rank > 0 and cfg.save_merged:  # a plain model that AutoModelForCausalLM loads
             policy.merge_and_unload().save_pretrained(out_dir / "merged")
@@ -340,8 +358,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         print(f"saved the policy and tokenizer to {out_dir}")
     if judge is not None:
         judge.close()
+    accelerator.wait_for_everyone()  # a barrier before the process group goes avoids an abort at exit
     accelerator.end_training()
-    return {"before": before, "after": after}
+    return {"before": before, "after": after, "policy": policy}
 
 
 if __name__ == "__main__":

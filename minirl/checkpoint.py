@@ -63,10 +63,12 @@ def save_process_state(tmp: Path, rank: int) -> None:
 
 
 def save_shared_state(tmp: Path, model, optimizer, scheduler, step: int, position: int, config: dict,
-                      critic=None, critic_optimizer=None) -> None:
-    """What all processes share (written by the main process): weights, optimizer, scheduler, counters."""
-    model.save_pretrained(tmp / "model")  # a LoRA model saves its adapter only
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+                      critic=None, critic_optimizer=None, model_state: dict | None = None,
+                      optimizer_state: dict | None = None) -> None:
+    """What all processes share (written by the main process): weights, optimizer, scheduler, counters.
+    Under FSDP pass the gathered full `model_state`/`optimizer_state` (see distributed.full_state_dict)."""
+    model.save_pretrained(tmp / "model", state_dict=model_state)  # a LoRA model saves its adapter only
+    torch.save(optimizer_state if optimizer_state is not None else optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     if critic is not None:
         torch.save(critic.state_dict(), tmp / "critic.pt")
@@ -114,10 +116,20 @@ def load_weights(model, folder: Path) -> None:
 
 
 def load_checkpoint(folder: Path, rank: int, model, optimizer, scheduler, critic=None,
-                    critic_optimizer=None) -> dict:
-    """Restore everything saved in `folder`; returns trainer_state (step, position, config)."""
-    load_weights(model, folder / "model")
-    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
+                    critic_optimizer=None, sharded: bool = False) -> dict:
+    """Restore everything saved in `folder`; returns trainer_state (step, position, config).
+    sharded: the model is FSDP-sharded; every process scatters the full saved state into its shards."""
+    if sharded:
+        from safetensors.torch import load_file
+
+        from minirl.distributed import load_full_state
+        weights = {}
+        for f in sorted((folder / "model").glob("*.safetensors")):
+            weights.update(load_file(str(f)))
+        load_full_state(model, optimizer, weights, torch.load(folder / "optimizer.pt", weights_only=False))
+    else:
+        load_weights(model, folder / "model")
+        optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
     scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
     if critic is not None:
         critic.load_state_dict(torch.load(folder / "critic.pt", weights_only=False))

@@ -24,6 +24,8 @@ class Config:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = "auto"  # auto: flash-attn if importable, else sdpa
     gradient_checkpointing: bool = False  # recompute activations in backward; generation still uses the KV cache
+    fsdp: bool = False                    # shard the policy with FSDP2 across processes (full fine-tuning)
+    load_in_bits: Literal[0, 4, 8] = 0    # 4/8-bit base weights via bitsandbytes (CUDA only; needs lora_rank > 0)
     lora_rank: int = 0                    # > 0: train a LoRA adapter (peft) instead of all weights
     lora_alpha: int = 32                  # LoRA scaling numerator (scale = alpha / rank)
     lora_dropout: float = 0.0
@@ -72,6 +74,7 @@ class Config:
     ppo_epochs: int = 1                   # passes over each rollout batch
     mini_batches: int = 1                 # optimizer steps per pass; >1 makes later steps off-policy (ratio != 1)
     micro_batch_size: int = 32            # sequences per forward/backward; does not change the result, only memory
+    micro_batch_tokens: int = 0           # > 0: size micro-batches by a token budget (sequences x padded length)
     # --- optimizer -----------------------------------------------------------------------------------------
     lr: float = 2e-4                      # the toy model's rate; full fine-tuning of a 1-7B model wants ~1e-6
     weight_decay: float = 0.0
@@ -85,6 +88,7 @@ class Config:
     output_dir: str = "runs/default"      # metrics.jsonl and the final model go here
     val_every: int = 20                   # validate every N steps, and always before and after (0 = only those)
     val_greedy: bool = True               # validation decodes greedily; False samples with `temperature`
+    report_to: str = ""                   # extra trackers via accelerate: tensorboard, mlflow, wandb (comma-separated)
     save_every: int = 0                   # checkpoint every N steps (0 = only at the end); see checkpoint.py
     keep_last: int = 2                    # complete checkpoints kept
     resume: str = ""                      # "auto": newest checkpoint in output_dir; or a checkpoint folder
@@ -103,6 +107,8 @@ def _convert(key: str, value: Any, typ: Any) -> Any:
     """Check/convert one value (from YAML or a command-line string) against the field's type."""
     if typing.get_origin(typ) is Literal:
         choices = typing.get_args(typ)
+        if isinstance(choices[0], int) and isinstance(value, str) and value.lstrip("-").isdigit():
+            value = int(value)
         if value not in choices:
             raise ConfigError(f"config key '{key}': {value!r} is not one of {list(choices)}")
         return value
@@ -157,6 +163,15 @@ def validate(cfg: Config) -> None:
                           f"({cfg.max_new_tokens})")
     if cfg.dual_clip and cfg.dual_clip <= 1:
         raise ConfigError(f"config key 'dual_clip' must be 0 (off) or > 1, got {cfg.dual_clip}")
+    if cfg.load_in_bits and cfg.lora_rank == 0:
+        raise ConfigError("config key 'load_in_bits' needs 'lora_rank' > 0: quantised weights cannot be trained, "
+                          "only a LoRA adapter on top of them")
+    unknown = [t for t in cfg.report_to.split(",") if t.strip() and t.strip() not in ("tensorboard", "mlflow", "wandb")]
+    if unknown:
+        raise ConfigError(f"config key 'report_to': {unknown} not among ['tensorboard', 'mlflow', 'wandb']")
+    if cfg.fsdp and (cfg.lora_rank or cfg.load_in_bits):
+        raise ConfigError("config key 'fsdp' supports full fine-tuning only in this version; for LoRA use plain "
+                          "data parallelism (fsdp: false): a LoRA policy's trainable weights are small")
     if cfg.lora_rank < 0 or cfg.lora_alpha < 1 or not 0 <= cfg.lora_dropout < 1:
         raise ConfigError("config keys 'lora_rank' must be >= 0, 'lora_alpha' >= 1 and 'lora_dropout' in [0, 1)")
     for key in ["lr", "kl_coef", "clip_low", "clip_high", "max_grad_norm", "adv_eps", "weight_decay", "critic_lr",

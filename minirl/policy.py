@@ -64,12 +64,28 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
+def quantization_config(bits: int):
+    """bitsandbytes 4-bit (NF4, bf16 compute) or 8-bit base weights; a clear error where they cannot work."""
+    import importlib.util
+    if importlib.util.find_spec("bitsandbytes") is None or not torch.cuda.is_available():
+        raise RuntimeError(f"load_in_bits={bits} needs a CUDA GPU and the bitsandbytes package "
+                           "(pip install bitsandbytes); use load_in_bits: 0 on this machine")
+    from transformers import BitsAndBytesConfig
+    if bits == 4:
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
+    return BitsAndBytesConfig(load_in_8bit=True)
+
+
 def load_model(path: str, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa",
-               gradient_checkpointing: bool = False):
+               gradient_checkpointing: bool = False, load_in_bits: int = 0):
     """A causal LM from a folder: a full model, a merged LoRA model, or a peft adapter on its base model."""
     from transformers import AutoModelForCausalLM
 
-    if adapter_base(path) is not None:
+    if load_in_bits:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation,
+                                                     quantization_config=quantization_config(load_in_bits),
+                                                     device_map={"": torch.cuda.current_device()})
+    elif adapter_base(path) is not None:
         from peft import AutoPeftModelForCausalLM
         model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
     else:
@@ -94,38 +110,68 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def _chunk_logp_entropy(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module):
-    """hidden (n, H), targets (n,) -> logp (n,), entropy (n,) in fp32; the (n, V) logits die here."""
+def _chunk_logp(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module) -> torch.Tensor:
+    """hidden (n, H), targets (n,) -> logp (n,) fp32. Only logsumexp and the gathered logit leave here."""
     logits = lm_head(hidden).float()                                       # (n, V)
-    logz = torch.logsumexp(logits, dim=-1)                                 # (n,)
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)  # fused kernels
+
+
+@torch.no_grad()
+def _chunk_logp_entropy(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module):
+    """As _chunk_logp, plus the entropy -sum p log p (a metric: computed without a graph)."""
+    logits = lm_head(hidden).float()                                       # (n, V)
+    logz = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets[:, None]).squeeze(-1) - logz
-    with torch.no_grad():  # entropy is a metric: no graph for it
-        entropy = logz - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-    return logp, entropy
+    logits -= logz[:, None]                                                # log p, in place
+    return logp, -(logits.exp() * logits).sum(-1)
+
+
+LOGITS_PER_CHUNK = 1 << 24  # at most 16M fp32 logits (64 MB) per chunk: ~110 tokens at V=152k
+MAX_CHUNK_TOKENS = 128      # and at most 128 tokens (16 MB at V=32k), still large enough for an efficient matmul
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int,
-                   chunk_tokens: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
-    """log pi(y_t | x, y_<t) and the policy's entropy at each response position.
+                   chunk_tokens: int | None = None, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(y_t | x, y_<t) at each response position, and (with_entropy, without gradients) the entropy.
 
-    input_ids/attention_mask: (N, P+R), prompt left-padded then response right-padded. Returns two (N, R)
-    fp32 tensors aligned with the response tokens (values at padding are meaningless; mask them).
+    input_ids/attention_mask: (N, P+R), prompt left-padded then response right-padded. Returns (N, R) fp32
+    tensors aligned with the response tokens (values at padding are meaningless; mask them).
     """
+    sharded = getattr(model, "minirl_token_logprobs", None)  # FSDP: the root's forward hooks run around it
+    if sharded is not None:
+        return sharded(input_ids, attention_mask, num_response_tokens, chunk_tokens, with_entropy)
+    return _token_logprobs_unsharded(model, input_ids, attention_mask, num_response_tokens, chunk_tokens, with_entropy)
+
+
+def _token_logprobs_unsharded(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int,
+                              chunk_tokens: int | None = None, with_entropy: bool = False):
     R = num_response_tokens
     decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
-    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
-                     position_ids=position_ids_from_mask(attention_mask), use_cache=False).last_hidden_state
-    # position t predicts token t+1: the states before each response token
-    hidden = hidden[:, -R - 1:-1]                                          # (N, R, H)
-    N, _, H = hidden.shape
-    flat_h, flat_y = hidden.reshape(N * R, H), input_ids[:, -R:].reshape(N * R)
+    return chunked_logprobs(
+        decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
+                use_cache=False).last_hidden_state[:, -R - 1:-1],          # (N, R, H): states before each token
+        input_ids[:, -R:], lm_head, chunk_tokens, with_entropy)
+
+
+def chunked_logprobs(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module,
+                     chunk_tokens: int | None = None, with_entropy: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log-softmax(lm_head(hidden))[targets] chunk by chunk (and the entropy, without gradients).
+    (N, R, H), (N, R) -> (N, R), (N, R) | None"""
+    N, R, H = hidden.shape
+    V = lm_head.weight.shape[0]
+    chunk_tokens = chunk_tokens or max(16, min(MAX_CHUNK_TOKENS, LOGITS_PER_CHUNK // V))
+    flat_h, flat_y = hidden.reshape(N * R, H), targets.reshape(N * R)
     logps, entropies = [], []
     for s in range(0, N * R, chunk_tokens):
         h, y = flat_h[s:s + chunk_tokens], flat_y[s:s + chunk_tokens]
-        if torch.is_grad_enabled():
-            lp, ent = checkpoint(_chunk_logp_entropy, h, y, lm_head, use_reentrant=False)
-        else:
+        if with_entropy:
             lp, ent = _chunk_logp_entropy(h, y, lm_head)
+            entropies.append(ent)
+        elif torch.is_grad_enabled():  # keep only the hidden states; rebuild the chunk's logits in backward
+            lp = checkpoint(_chunk_logp, h, y, lm_head, use_reentrant=False)
+        else:
+            lp = _chunk_logp(h, y, lm_head)
         logps.append(lp)
-        entropies.append(ent)
-    return torch.cat(logps).view(N, R), torch.cat(entropies).view(N, R)
+    entropy = torch.cat(entropies).view(N, R) if with_entropy else None
+    return torch.cat(logps).view(N, R), entropy

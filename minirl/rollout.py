@@ -72,7 +72,9 @@ def sample(model, tokenizer, prompts: list[str], group_size: int, max_new_tokens
     gen_config = GenerationConfig(**fields)
     was_training = model.training
     model.eval()  # dropout off; gradient checkpointing is a training-mode feature, so the KV cache stays on
-    out = model.generate(**enc, generation_config=gen_config)              # (N, P + R')
+    # synced_gpus=False: with FSDP the trainer gathers the full weights first (distributed.gathered), so no
+    # process needs to keep stepping for the others
+    out = model.generate(**enc, generation_config=gen_config, synced_gpus=False)  # (N, P + R')
     model.train(was_training)
     P = enc.input_ids.shape[1]
     response_ids = out[:, P:]

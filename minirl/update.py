@@ -49,16 +49,18 @@ def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, 
     num_tokens / num_seqs: response tokens / sequences in the whole step (all processes).
     loss_scale: multiplies the loss; the trainer passes the number of processes, because data-parallel
            backends *average* gradients over processes while we want the sum over all of the step's tokens.
-    Returns metrics (verl names, without the "actor/" prefix), each a mean over the step's tokens.
+    Returns metrics (verl names, without the "actor/" prefix), each a mean over the step's tokens. (The
+    entropy metric comes from the sampling-time pass, `token_logprobs(..., with_entropy=True)`: computing it
+    here would keep (tokens, V) tensors alive in the graph.)
     """
     R = batch["response_mask"].shape[1]
     N = batch["input_ids"].shape[0]
-    sums = {"pg_loss": 0.0, "kl_loss": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0, "entropy": 0.0}
+    sums = {"pg_loss": 0.0, "kl_loss": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0}
     local_tokens = float(batch["response_mask"].sum())
     for s in range(0, N, micro_batch_size):
         mb = {k: v[s:s + micro_batch_size] for k, v in batch.items()}
         mask = mb["response_mask"]
-        logp, entropy = token_logprobs(model, mb["input_ids"], mb["attention_mask"], R)   # (n, R) each
+        logp, _ = token_logprobs(model, mb["input_ids"], mb["attention_mask"], R)          # (n, R)
         pg_loss, metrics = policy_loss(logp, mb["old_logp"], mb["advantages"], mask, kind=loss.policy_loss,
                                        clip_low=loss.clip_low, clip_high=loss.clip_high, agg=loss.loss_agg_mode,
                                        dual_clip=loss.dual_clip,
@@ -75,8 +77,7 @@ def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, 
         sums["pg_loss"] += float(pg_loss.detach())
         sums["pg_clipfrac"] += float(metrics["pg_clipfrac"]) * n_tok
         sums["ppo_kl"] += float(metrics["ppo_kl"]) * n_tok
-        sums["entropy"] += float((entropy * mask).sum())
-    for k in ("pg_clipfrac", "ppo_kl", "entropy"):
+    for k in ("pg_clipfrac", "ppo_kl"):
         sums[k] /= max(local_tokens, 1.0)
     return sums
 
@@ -89,7 +90,8 @@ def optim_step(model, optimizer: torch.optim.Optimizer, scheduler=None, max_grad
     """
     params = [p for p in model.parameters() if p.grad is not None]
     limit = max_grad_norm if max_grad_norm > 0 else float("inf")
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, limit)) if params else 0.0
+    norm = torch.nn.utils.clip_grad_norm_(params, limit) if params else torch.zeros(())
+    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # DTensor under FSDP
     if torch.isfinite(torch.tensor(grad_norm)):
         optimizer.step()
     if scheduler is not None:

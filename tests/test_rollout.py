@@ -68,13 +68,16 @@ def test_token_logprobs_match_naive_log_softmax_and_ignore_padding(random_model,
     r = sample(random_model, tiny_tokenizer, PROMPTS, group_size=2, max_new_tokens=5)
     R = r.response_ids.shape[1]
     ids, attn = r.input_ids, r.attention_mask
-    logp, ent = token_logprobs(random_model, ids, attn, R, chunk_tokens=3)
+    logp, ent = token_logprobs(random_model, ids, attn, R, chunk_tokens=3, with_entropy=True)
+    logp_grad_path, none = token_logprobs(random_model, ids, attn, R, chunk_tokens=5)
+    assert none is None and torch.allclose(logp_grad_path, logp, atol=1e-6)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     logits = random_model(input_ids=ids, attention_mask=attn, position_ids=pos).logits
     naive = torch.log_softmax(logits.float(), -1)[:, -R - 1:-1].gather(-1, ids[:, -R:, None]).squeeze(-1)
     m = r.response_mask.bool()
     assert torch.allclose(logp[m], naive[m], atol=1e-5)
-    assert (ent[m] > 0).all() and torch.isfinite(ent[m]).all()
+    naive_ent = -(torch.softmax(logits.float(), -1) * torch.log_softmax(logits.float(), -1)).sum(-1)[:, -R - 1:-1]
+    assert torch.allclose(ent[m], naive_ent[m], atol=1e-4)
     # row 2 alone (no left padding needed for it): same log-probs as inside the padded batch
     row = 0  # the shorter prompt, left-padded in the batch
     keep = attn[row].bool()

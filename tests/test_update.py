@@ -42,7 +42,6 @@ def test_loss_is_invariant_to_micro_batch_size(random_model, tiny_tokenizer, agg
         assert torch.allclose(g1[name], g8[name], atol=1e-6), name
         assert torch.allclose(g4[name], g8[name], atol=1e-6), name
     assert m1["pg_loss"] == pytest.approx(m4["pg_loss"], abs=1e-6)
-    assert m1["entropy"] == pytest.approx(m4["entropy"], abs=1e-6)
 
 
 def test_forward_backward_matches_the_full_batch_loss(random_model, tiny_tokenizer):

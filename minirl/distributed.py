@@ -1,0 +1,112 @@
+"""Everything that knows there are several processes: reductions, gradient sums and FSDP sharding.
+
+train.py calls these at the edges of a step; the loss, rollout and reward code never see a process group.
+One process is simply world size 1 (every function here is then a no-op or the identity).
+
+Data parallel without FSDP: each process holds the whole model; after `forward_backward` the gradients are
+summed across processes (`sum_gradients_across_processes`): each process's loss is already normalised by the
+step's *global* token count, so the sum is the full batch's gradient.
+
+FSDP (`fsdp: true`, FSDP2's `fully_shard`): each decoder layer is a unit, then the model itself (the root:
+embeddings, final norm, LM head). The same code runs on GPUs (NCCL) and in the CI test on 2 CPU processes
+(gloo); accelerate's FSDP plugin is not used because on CPU it silently falls back to DDP.
+- Gradients: FSDP reduce-scatters and *averages* them, so the trainer multiplies the loss by the world size.
+- Log-probs: `token_logprobs` calls the decoder and the LM head itself (to chunk the LM head), so it is
+  registered as an FSDP forward method of the root: the root's parameters are gathered around it.
+- Rollouts: generating through sharded layers would all-gather every layer at every token. `gathered` unshards
+  every unit once (with resharding after forward turned off), generates, then reshards: a few all-gathers
+  per rollout instead of one per layer per token.
+- With peft, the inner base model is the root, not the PeftModel wrapper (generate fails otherwise).
+"""
+from __future__ import annotations
+
+import contextlib
+import types
+
+import torch
+import torch.distributed as dist
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    if world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def sum_gradients_across_processes(model) -> None:
+    """Plain data parallelism: the global gradient is the sum of the per-process gradients."""
+    if world_size() > 1 and not is_sharded(model):
+        for p in model.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+
+
+# --- FSDP ----------------------------------------------------------------------------------------------------
+
+def _root(model):
+    """The module FSDP shards as its root: the base model under a peft wrapper, else the model."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def is_sharded(model) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+    return isinstance(_root(model), FSDPModule)
+
+
+def shard(model) -> None:
+    """fully_shard each decoder layer, then the root; register the log-prob method as a forward method."""
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    from minirl.policy import _token_logprobs_unsharded
+    root = _root(model)
+    for layer in root.get_decoder().layers:
+        fully_shard(layer)
+    fully_shard(root)
+    root.minirl_token_logprobs = types.MethodType(_token_logprobs_unsharded, root)
+    register_fsdp_forward_method(root, "minirl_token_logprobs")
+
+
+@contextlib.contextmanager
+def gathered(model):
+    """Full parameters on every process for the duration (generation); a no-op without FSDP."""
+    from torch.distributed.fsdp import FSDPModule
+    units = [m for m in _root(model).modules() if isinstance(m, FSDPModule)] if is_sharded(model) else []
+    for unit in units:
+        unit.set_reshard_after_forward(False)
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(unit is not _root(model))  # FSDP2's default: the root keeps its params
+
+
+def full_state_dict(model) -> dict | None:
+    """Unsharded weights on CPU (collective: call on every process); None when the model is not sharded."""
+    if not is_sharded(model):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    return get_model_state_dict(_root(model), options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def full_optimizer_state(model, optimizer) -> dict | None:
+    if not is_sharded(model):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    return get_optimizer_state_dict(_root(model), optimizer,
+                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_full_state(model, optimizer, model_state: dict, optimizer_state: dict | None) -> None:
+    """Scatter full (unsharded) weights and optimizer state into a sharded model (every process)."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+    options = StateDictOptions(full_state_dict=True, strict=False)
+    set_model_state_dict(_root(model), model_state, options=options)
+    if optimizer_state is not None:
+        set_optimizer_state_dict(_root(model), optimizer, optimizer_state, options=options)
