@@ -32,7 +32,7 @@ from minirl.config import Config, parse_config
 from minirl.data import load_rows, prompt_indices, prompt_text
 from minirl.distributed import (all_reduce_sum, full_optimizer_state, full_state_dict, gathered, is_sharded, shard,
                                 sum_gradients_across_processes)
-from minirl.evaluate import accuracy_by_source, evaluate
+from minirl.evaluate import evaluate
 from minirl.critic import critic_forward_backward, critic_values, load_critic
 from minirl.loss import gae, group_advantages, kl_penalty, outcome_token_rewards, whiten
 from minirl.policy import (load_model, load_tokenizer, pick_attn_implementation, pick_dtype, resolve_model_path,
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, weight_decay=cfg.weight_decay,
                                          betas=(cfg.adam_beta1, cfg.adam_beta2)) if critic is not None else None
     loss_settings = LossSettings.from_config(cfg)
-    B, G = cfg.prompts_per_step, cfg.group_size
+    G = cfg.group_size
 
     if trackers:  # metrics.jsonl is always written; these are extra (accelerate checks they are installed)
         accelerator.init_trackers("minirl", config={k: v for k, v in vars(cfg).items()})

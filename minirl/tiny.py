@@ -105,7 +105,7 @@ def supervised_warmup(model, tokenizer, rows: list[dict], steps: int, batch_size
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
-    for step in range(steps):
+    for _ in range(steps):
         batch = rng.sample(rows, batch_size)
         prompts = [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
                    for r in batch]

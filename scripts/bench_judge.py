@@ -54,8 +54,8 @@ def build_batch(n_problems: int, n_tests: int) -> list[dict]:
             sol = next((s for s in row["solutions"] if s["verdict"] == "AC" and s["language"] == key), None)
             if sol is None:
                 continue
-            for i, src in enumerate([sol["code"], mutate(sol["code"], rng),
-                                     sol["code"] + ("\n// copy\n" if lang == "cpp" else "\n# copy\n")]):
+            copy = sol["code"] + ("\n// copy\n" if lang == "cpp" else "\n# copy\n")
+            for src in (sol["code"], mutate(sol["code"], rng), copy):
                 jobs.append(dict(source=src, language=lang, tests=tests, time_limit_s=2 * row["time_limit_seconds"],
                                  memory_limit_mb=1024))
     return jobs
