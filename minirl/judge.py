@@ -307,7 +307,9 @@ def _compile_cpp(source: str, flags: tuple[str, ...], uid: int, mode: str) -> tu
                 _link_or_copy(pch / "bits" / f, work / "pch" / "bits" / f)
             include = ["-I", "pch"]
         t0 = time.perf_counter()
-        r = _run_sandboxed(["g++", *flags, *include, "main.cpp", "-o", "main"], work, None, uid,
+        # gold links ~5x faster than bfd (0.01 vs 0.05 s): 10% of a compile with the PCH
+        link = ["-fuse-ld=gold"] if shutil.which("ld.gold") else []
+        r = _run_sandboxed(["g++", *flags, *include, *link, "main.cpp", "-o", "main"], work, None, uid,
                            time_limit_s=30, memory_mb=4096, mode=mode, output_limit=1 << 20)
         seconds = time.perf_counter() - t0
         if r["returncode"] != 0 or not (work / "main").exists():
