@@ -3,6 +3,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -191,3 +192,15 @@ def test_batch_code_rewards_and_score_dispatch(judge):
         score(["x", "y"], rows)
     assert code_rewards(["a", "b"], [PROBLEM, PROBLEM], judge) == [-1.0, -1.0]
     assert reward_from_result(None, "binary") == -0.1
+
+
+def test_command_line_prints_the_result_as_json(tmp_path):
+    src, tests = tmp_path / "sol.cpp", tmp_path / "tests.json"
+    src.write_text(AB_CPP)
+    tests.write_text(json.dumps(AB))
+    proc = subprocess.run([sys.executable, "-m", "minirl.judge", "--language", "cpp", "--source", str(src),
+                           "--tests", str(tests), "--time-limit-s", "2"], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["verdict"] == "AC" and out["passed"] == 2 and out["total"] == 2 and "isolation" in out
