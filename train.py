@@ -11,8 +11,9 @@ Each training step is four stages, each a function that stands on its own:
     forward_backward  group advantages -> clipped policy loss -> grads (minirl/update.py, formulas in loss.py)
     optim_step        clip grad norm, AdamW, LR schedule               (minirl/update.py)
 
-Distributed training is data parallel: every process samples its own prompts; gradients are summed across
-processes before `optim_step`. This file is the only one that knows there are several processes.
+Distributed training is data parallel (every process samples its own prompts; gradients are summed across
+processes before `optim_step`), optionally with the policy sharded by FSDP (`--fsdp true`). Only this file
+and minirl/distributed.py know there are several processes; the loss takes token counts, never a group.
 Metrics go to <output_dir>/metrics.jsonl with veRL's names; the final model is saved in <output_dir>.
 """
 from __future__ import annotations
@@ -146,6 +147,14 @@ def save_checkpoint(accelerator, cfg: Config, step: int, position: int, policy, 
 def resume(accelerator, cfg: Config, policy, optimizer, scheduler, critic, critic_optimizer) -> tuple[int, int]:
     """(step, position) to start from: restored from a checkpoint when cfg.resume asks for one."""
     if not cfg.resume:
+        root = checkpoint.checkpoint_root(cfg.output_dir)
+        if accelerator.is_main_process and root.is_dir() and any(root.iterdir()):
+            # a later --resume auto must not pick up the earlier run's checkpoints; keep them, out of the way
+            aside = root.with_name(f"checkpoints.before-{time.strftime('%Y%m%d-%H%M%S')}")
+            root.rename(aside)
+            accelerator.print(f"note: moved an earlier run's checkpoints to {aside} (use --resume auto to continue "
+                              "a run instead)")
+        accelerator.wait_for_everyone()
         return 0, 0
     folder = checkpoint.latest_checkpoint(cfg.output_dir) if cfg.resume == "auto" else Path(cfg.resume)
     if folder is None:
@@ -185,7 +194,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     out_dir = Path(cfg.output_dir)
     if accelerator.is_main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "run_config.json").write_text(json.dumps(vars(cfg), indent=2))  # not config.json: that name is the model's
+        # not config.json: that name belongs to the model that save_pretrained writes here
+        (out_dir / "run_config.json").write_text(json.dumps(vars(cfg), indent=2))
 
     # --- policy, reference, data ----------------------------------------------------------------------
     with accelerator.main_process_first():  # the first process builds the toy model if needed
@@ -222,7 +232,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     # one sandboxed judge pool for the whole run, only when there are code problems
     judge = Judge(cfg.judge_workers or None) if any(is_code(r) for r in train_rows + val_rows) else None
 
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay,
+    trainable = [p for p in policy.parameters() if p.requires_grad]  # with LoRA: the adapter only
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                   betas=(cfg.adam_beta1, cfg.adam_beta2))
     optimizer_steps_per_step = cfg.ppo_epochs * cfg.mini_batches
     scheduler = warmup_constant_schedule(optimizer, cfg.warmup_steps * optimizer_steps_per_step)
