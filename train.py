@@ -31,14 +31,14 @@ from tqdm import tqdm
 from minirl import checkpoint
 from minirl.config import Config, parse_config
 from minirl.data import load_rows, prompt_indices, prompt_text
-from minirl.distributed import (all_reduce_sum, full_optimizer_state, full_state_dict, gathered, is_sharded, shard,
+from minirl.distributed import (all_reduce_sum, full_state_dict, gathered, is_sharded, shard,
                                 sum_gradients_across_processes)
 from minirl.evaluate import evaluate
 from minirl.critic import critic_forward_backward, critic_values, load_critic
 from minirl.loss import gae, group_advantages, kl_penalty, outcome_token_rewards, whiten
-from minirl.policy import (load_model, load_tokenizer, pick_attn_implementation, pick_dtype, resolve_model_path,
-                           token_logprobs)
-from minirl.reference import adapter_disabled, load_reference, reference_logprobs
+from minirl.policy import (add_lora, batched_logprobs, load_model, load_tokenizer, pick_attn_implementation,
+                           pick_dtype, resolve_model_path)
+from minirl.reference import adapter_disabled, load_reference
 from minirl.judge import Judge
 from minirl.rewards import is_code, overlong_penalty, score
 from minirl.rollout import Rollout, concat_rollouts, sample, select_groups
@@ -60,120 +60,64 @@ def validate(model, tokenizer, rows: list[dict], cfg: Config, rank: int, world: 
     return {f"val/test_score/{s}": float(v / max(c, 1)) for s, (v, c) in zip(sources, sums.tolist())}
 
 
+def sample_round(policy, tokenizer, rows: list[dict], cfg: Config, judge=None) -> tuple[Rollout, torch.Tensor, dict]:
+    """Stages 1-2 once: G completions for each row, their rewards (N,), and the time each stage took."""
+    G = cfg.group_size
+    t0 = time.perf_counter()
+    with gathered(policy):  # FSDP: full weights once per rollout, not per token
+        rollout = sample(policy, tokenizer, [prompt_text(r, tokenizer) for r in rows], G, cfg.max_new_tokens,
+                         cfg.temperature, cfg.top_p, cfg.top_k)
+    t1 = time.perf_counter()
+    rewards = torch.tensor(score(rollout.texts, [r for r in rows for _ in range(G)], judge, cfg.code_reward_style),
+                           dtype=torch.float32)
+    if cfg.overlong_buffer:  # DAPO's soft overlong punishment
+        rewards += torch.tensor(overlong_penalty(rollout.response_mask.sum(1).tolist(), cfg.max_new_tokens,
+                                                 cfg.overlong_buffer, cfg.overlong_penalty))
+    return rollout, rewards, {"timing_s/gen": t1 - t0, "timing_s/reward": time.perf_counter() - t1}
+
+
 def sample_and_score(policy, tokenizer, train_rows: list[dict], cfg: Config, position: int, rank: int,
                      world: int, judge=None) -> tuple[Rollout, list[dict], torch.Tensor, int, dict[str, float]]:
-    """Stages 1-2 for one step: sample G completions for B prompts and score them.
+    """Stages 1-2 for one step: B prompts from the stream, G completions each, their rewards.
 
     With DAPO's dynamic sampling, groups whose G rewards are all equal (no learning signal) are dropped and
     further prompts sampled, for at most max_sampling_rounds rounds; every process runs the same number of
     rounds. Returns (rollout, rows, rewards (N,), new position in the prompt stream, metrics).
     """
     B, G = cfg.prompts_per_step, cfg.group_size
-    parts, kept_rows, kept_rewards, t_gen, t_reward, rounds, dropped = [], [], [], 0.0, 0.0, 0, 0
+
+    def next_prompts(position: int) -> tuple[list[dict], int]:  # this process's slice; all processes advance
+        rows = [train_rows[i] for i in prompt_indices(position + rank * B, B, len(train_rows), cfg.seed)]
+        return rows, position + B * world
+
+    rows, position = next_prompts(position)
+    rollout, rewards, metrics = sample_round(policy, tokenizer, rows, cfg, judge)
+    if not cfg.dynamic_sampling:
+        return rollout, rows, rewards, position, metrics
+
+    parts, kept_rows, kept_rewards, rounds = [], [], [], 1
     device = next(policy.parameters()).device
     while True:
-        rows = [train_rows[i] for i in prompt_indices(position + rank * B, B, len(train_rows), cfg.seed)]
-        position += B * world  # this round's prompts, all processes together
-        rounds += 1
-        t0 = time.perf_counter()
-        with gathered(policy):  # FSDP: full weights once per rollout, not per token
-            rollout = sample(policy, tokenizer, [prompt_text(r, tokenizer) for r in rows], G, cfg.max_new_tokens,
-                             cfg.temperature, cfg.top_p, cfg.top_k)
-        t_gen += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        rewards = torch.tensor(score(rollout.texts, [r for r in rows for _ in range(G)], judge, cfg.code_reward_style),
-                               dtype=torch.float32)
-        if cfg.overlong_buffer:
-            rewards += torch.tensor(overlong_penalty(rollout.response_mask.sum(1).tolist(), cfg.max_new_tokens,
-                                                     cfg.overlong_buffer, cfg.overlong_penalty))
-        t_reward += time.perf_counter() - t0
-        keep = list(range(B))
-        if cfg.dynamic_sampling:
-            keep = [g for g in keep if rewards[g * G:(g + 1) * G].std() > 0]
-            dropped += B - len(keep)
+        keep = [g for g in range(B) if rewards[g * G:(g + 1) * G].std() > 0]
         parts.append(select_groups(rollout, keep))
         kept_rows += [rows[g] for g in keep]
         kept_rewards.append(rewards.view(B, G)[keep].reshape(-1))
         missing = torch.tensor([float(len(kept_rows) < B)], device=device)
-        if not cfg.dynamic_sampling or all_reduce_sum(missing).item() == 0 or rounds >= cfg.max_sampling_rounds:
+        if all_reduce_sum(missing).item() == 0 or rounds >= cfg.max_sampling_rounds:
             break
-    if not kept_rows:  # every group was uniform in every round: train on the last round (advantages are 0)
-        parts, kept_rows, kept_rewards = [rollout], rows, [rewards]
-    rollout = concat_rollouts(parts, tokenizer.pad_token_id)
-    if len(kept_rows) > B:  # keep exactly B groups
-        rollout, kept_rows = select_groups(rollout, list(range(B))), kept_rows[:B]
-    rewards = torch.cat(kept_rewards)[:len(kept_rows) * G]
-    metrics = {"timing_s/gen": t_gen, "timing_s/reward": t_reward, "batch/sampling_rounds": rounds,
-               "batch/groups_dropped": dropped, "batch/groups": len(kept_rows)}
-    return rollout, kept_rows, rewards, position, metrics
-
-
-def check_trackers_installed(trackers: list[str]) -> None:
-    """accelerate silently drops a tracker whose package is missing; say so instead."""
-    import importlib.util
-    for name in trackers:
-        if importlib.util.find_spec(name) is None:
-            raise SystemExit(f"report_to: {name!r} is not installed (pip install {name}); metrics.jsonl is "
-                             "written regardless")
-
-
-def add_lora(model, cfg: Config):
-    """Wrap the policy in a peft LoRA adapter; only the adapter's weights train."""
-    from peft import LoraConfig, get_peft_model
-    targets = cfg.lora_target_modules if cfg.lora_target_modules == "all-linear" else \
-        [t.strip() for t in cfg.lora_target_modules.split(",") if t.strip()]
-    return get_peft_model(model, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                                            target_modules=targets, task_type="CAUSAL_LM"))
-
-
-def save_checkpoint(accelerator, cfg: Config, step: int, position: int, policy, optimizer, scheduler, critic,
-                    critic_optimizer) -> None:
-    """All processes save their RNG; the main process saves the rest and renames the folder into place."""
-    out_dir = Path(cfg.output_dir)
-    if accelerator.is_main_process:
-        checkpoint.begin_save(out_dir, step)
-    accelerator.wait_for_everyone()
-    tmp = checkpoint.begin_save(out_dir, step)
-    checkpoint.save_process_state(tmp, accelerator.process_index)
-    model_state, optimizer_state = full_state_dict(policy), full_optimizer_state(policy, optimizer)  # collective
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        checkpoint.save_shared_state(tmp, policy, optimizer, scheduler, step, position, vars(cfg), critic,
-                                     critic_optimizer, model_state, optimizer_state)
-        checkpoint.finish_save(out_dir, tmp, step, cfg.keep_last)
-    accelerator.wait_for_everyone()
-
-
-def resume(accelerator, cfg: Config, policy, optimizer, scheduler, critic, critic_optimizer) -> tuple[int, int]:
-    """(step, position) to start from: restored from a checkpoint when cfg.resume asks for one."""
-    if not cfg.resume:
-        root = checkpoint.checkpoint_root(cfg.output_dir)
-        if accelerator.is_main_process and root.is_dir() and any(root.iterdir()):
-            # a later --resume auto must not pick up the earlier run's checkpoints; keep them, out of the way
-            aside = root.with_name(f"checkpoints.before-{time.strftime('%Y%m%d-%H%M%S')}")
-            root.rename(aside)
-            accelerator.print(f"note: moved an earlier run's checkpoints to {aside} (use --resume auto to continue "
-                              "a run instead)")
-        accelerator.wait_for_everyone()
-        return 0, 0
-    folder = checkpoint.latest_checkpoint(cfg.output_dir) if cfg.resume == "auto" else Path(cfg.resume)
-    if folder is None:
-        accelerator.print(f"resume=auto: no checkpoint in {checkpoint.checkpoint_root(cfg.output_dir)}; starting fresh")
-        return 0, 0
-    if not (folder / "trainer_state.json").exists():
-        raise SystemExit(f"resume: {folder} is not a complete checkpoint (no trainer_state.json)")
-    state = checkpoint.load_checkpoint(folder, accelerator.process_index, policy, optimizer, scheduler, critic,
-                                       critic_optimizer, sharded=is_sharded(policy))
-    if state["step"] >= cfg.max_steps:
-        raise SystemExit(f"resume: the run in {cfg.output_dir} already finished step {state['step']} "
-                         f"(max_steps={cfg.max_steps}); nothing to train. Raise --max_steps to continue it.")
-    metrics_file = Path(cfg.output_dir) / "metrics.jsonl"
-    if accelerator.is_main_process and metrics_file.exists():  # drop rows logged after the checkpoint
-        rows = [line for line in metrics_file.read_text().splitlines()
-                if line.strip() and json.loads(line)["training/global_step"] <= state["step"]]
-        metrics_file.write_text("".join(r + "\n" for r in rows))
-    accelerator.print(f"resumed from {folder} at step {state['step']}")
-    return state["step"], state["position"]
+        rows, position = next_prompts(position)
+        rollout, rewards, m = sample_round(policy, tokenizer, rows, cfg, judge)
+        metrics = {k: metrics[k] + m[k] for k in metrics}
+        rounds += 1
+    if kept_rows:
+        rollout, rewards = concat_rollouts(parts, tokenizer.pad_token_id), torch.cat(kept_rewards)
+        # keep exactly B groups (or fewer, if the rounds ran out)
+        rows = kept_rows[:B]
+        rollout, rewards = select_groups(rollout, list(range(len(rows)))), rewards[:len(rows) * G]
+    # else: every group was uniform in every round; train on the last round (all its advantages are 0)
+    metrics.update({"batch/sampling_rounds": rounds, "batch/groups_dropped": rounds * B - len(kept_rows),
+                    "batch/groups": len(rows)})
+    return rollout, rows, rewards, position, metrics
 
 
 def stats(name: str, x: torch.Tensor) -> dict[str, float]:
@@ -184,7 +128,6 @@ def stats(name: str, x: torch.Tensor) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> dict[str, float]:
     cfg = parse_config(argv)
     trackers = [t.strip() for t in cfg.report_to.split(",") if t.strip()]
-    check_trackers_installed(trackers)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
         # under torchrun on CPU, accelerate otherwise runs every process as an independent world of one
         os.environ.setdefault("ACCELERATE_USE_CPU", "1")
@@ -205,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     policy = load_model(path, dtype, attn, cfg.gradient_checkpointing, cfg.load_in_bits)
     policy = policy if cfg.load_in_bits else policy.to(device)
     if cfg.lora_rank > 0:
-        policy = add_lora(policy, cfg)
+        policy = add_lora(policy, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
     if cfg.fsdp and world > 1:
         shard(policy)  # before the optimizer exists: it must hold the sharded parameters
     elif cfg.fsdp:
@@ -244,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     if trackers:  # metrics.jsonl is always written; these are extra (accelerate checks they are installed)
         accelerator.init_trackers("minirl", config={k: v for k, v in vars(cfg).items()})
-    start_step, position = resume(accelerator, cfg, policy, optimizer, scheduler, critic, critic_optimizer)
+    start_step, position = checkpoint.resume(accelerator, cfg, policy, optimizer, scheduler, critic, critic_optimizer)
     if start_step == 0:
         if accelerator.is_main_process:
             (out_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run starts a fresh log
@@ -280,14 +223,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         width = batch["input_ids"].shape[1]  # every sequence of the step is padded to this many tokens
         mbs = max(1, cfg.micro_batch_tokens // width) if cfg.micro_batch_tokens else cfg.micro_batch_size
         with torch.no_grad():
-            parts = [token_logprobs(policy, batch["input_ids"][s:s + mbs], batch["attention_mask"][s:s + mbs], R,
-                                    with_entropy=True) for s in range(0, N, mbs)]
-            batch["old_logp"] = torch.cat([p[0] for p in parts])
-            entropy = torch.cat([p[1] for p in parts])                                              # (N, R)
+            batch["old_logp"], entropy = batched_logprobs(policy, batch["input_ids"], batch["attention_mask"], R,
+                                                          mbs, with_entropy=True)                  # (N, R) each
             if cfg.kl_coef > 0:
                 with adapter_disabled(policy) if ref_model is None else torch.no_grad():
-                    batch["ref_logp"] = reference_logprobs(ref_model or policy, batch["input_ids"],
-                                                           batch["attention_mask"], R, mbs)
+                    batch["ref_logp"], _ = batched_logprobs(ref_model or policy, batch["input_ids"],
+                                                            batch["attention_mask"], R, mbs)
             # advantages: group-relative (GRPO family) or GAE on the critic's values (PPO)
             if cfg.algorithm == "grpo":
                 batch["advantages"] = group_advantages(rewards, G, cfg.adv_estimator, cfg.adv_std,
@@ -350,7 +291,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         if not math.isfinite(m["actor/pg_loss"]):
             raise FloatingPointError(f"non-finite loss at step {step + 1}; see {metrics_file}")
         if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.max_steps:
-            save_checkpoint(accelerator, cfg, step + 1, position, policy, optimizer, scheduler, critic,
+            checkpoint.save(accelerator, cfg, step + 1, position, policy, optimizer, scheduler, critic,
                             critic_optimizer)
 
     # --- after training -------------------------------------------------------------------------------

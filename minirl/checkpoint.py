@@ -9,6 +9,9 @@ checkpoints are kept.
 
 Resuming restores all of it, so a run killed after step k and resumed gives the same metrics and weights as
 one that never stopped (tests/test_checkpoint.py checks this bit for bit).
+
+`save` and `resume` are what train.py calls (with its accelerate Accelerator, for ranks and barriers); the
+functions below them do one part each.
 """
 from __future__ import annotations
 
@@ -17,12 +20,65 @@ import os
 import random
 import re
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from minirl.distributed import full_optimizer_state, full_state_dict, is_sharded
+
 STEP_DIR = re.compile(r"^step_(\d{6,})$")
+
+
+def save(accelerator, cfg, step: int, position: int, policy, optimizer, scheduler, critic=None,
+         critic_optimizer=None) -> None:
+    """All processes save their RNG; the main process saves the rest and renames the folder into place."""
+    out_dir = Path(cfg.output_dir)
+    if accelerator.is_main_process:
+        begin_save(out_dir, step)
+    accelerator.wait_for_everyone()
+    tmp = begin_save(out_dir, step)
+    save_process_state(tmp, accelerator.process_index)
+    model_state, optimizer_state = full_state_dict(policy), full_optimizer_state(policy, optimizer)  # collective
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        save_shared_state(tmp, policy, optimizer, scheduler, step, position, vars(cfg), critic,
+                                     critic_optimizer, model_state, optimizer_state)
+        finish_save(out_dir, tmp, step, cfg.keep_last)
+    accelerator.wait_for_everyone()
+
+
+def resume(accelerator, cfg, policy, optimizer, scheduler, critic=None, critic_optimizer=None) -> tuple[int, int]:
+    """(step, position) to start from: restored from a checkpoint when cfg.resume asks for one."""
+    if not cfg.resume:
+        root = checkpoint_root(cfg.output_dir)
+        if accelerator.is_main_process and root.is_dir() and any(root.iterdir()):
+            # a later --resume auto must not pick up the earlier run's checkpoints; keep them, out of the way
+            aside = root.with_name(f"checkpoints.before-{time.strftime('%Y%m%d-%H%M%S')}")
+            root.rename(aside)
+            accelerator.print(f"note: moved an earlier run's checkpoints to {aside} (use --resume auto to continue "
+                              "a run instead)")
+        accelerator.wait_for_everyone()
+        return 0, 0
+    folder = latest_checkpoint(cfg.output_dir) if cfg.resume == "auto" else Path(cfg.resume)
+    if folder is None:
+        accelerator.print(f"resume=auto: no checkpoint in {checkpoint_root(cfg.output_dir)}; starting fresh")
+        return 0, 0
+    if not (folder / "trainer_state.json").exists():
+        raise SystemExit(f"resume: {folder} is not a complete checkpoint (no trainer_state.json)")
+    state = load_checkpoint(folder, accelerator.process_index, policy, optimizer, scheduler, critic,
+                                       critic_optimizer, sharded=is_sharded(policy))
+    if state["step"] >= cfg.max_steps:
+        raise SystemExit(f"resume: the run in {cfg.output_dir} already finished step {state['step']} "
+                         f"(max_steps={cfg.max_steps}); nothing to train. Raise --max_steps to continue it.")
+    metrics_file = Path(cfg.output_dir) / "metrics.jsonl"
+    if accelerator.is_main_process and metrics_file.exists():  # drop rows logged after the checkpoint
+        rows = [line for line in metrics_file.read_text().splitlines()
+                if line.strip() and json.loads(line)["training/global_step"] <= state["step"]]
+        metrics_file.write_text("".join(r + "\n" for r in rows))
+    accelerator.print(f"resumed from {folder} at step {state['step']}")
+    return state["step"], state["position"]
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:

@@ -166,9 +166,13 @@ def validate(cfg: Config) -> None:
     if cfg.load_in_bits and cfg.lora_rank == 0:
         raise ConfigError("config key 'load_in_bits' needs 'lora_rank' > 0: quantised weights cannot be trained, "
                           "only a LoRA adapter on top of them")
-    unknown = [t for t in cfg.report_to.split(",") if t.strip() and t.strip() not in ("tensorboard", "mlflow", "wandb")]
-    if unknown:
-        raise ConfigError(f"config key 'report_to': {unknown} not among ['tensorboard', 'mlflow', 'wandb']")
+    for tracker in [t.strip() for t in cfg.report_to.split(",") if t.strip()]:
+        if tracker not in ("tensorboard", "mlflow", "wandb"):
+            raise ConfigError(f"config key 'report_to': {tracker!r} not among ['tensorboard', 'mlflow', 'wandb']")
+        import importlib.util  # accelerate silently drops a tracker whose package is missing; say so instead
+        if importlib.util.find_spec(tracker) is None:
+            raise ConfigError(f"config key 'report_to': {tracker!r} is not installed (pip install {tracker}); "
+                              "metrics.jsonl is written regardless")
     if cfg.fsdp and (cfg.lora_rank or cfg.load_in_bits):
         raise ConfigError("config key 'fsdp' supports full fine-tuning only in this version; for LoRA use plain "
                           "data parallelism (fsdp: false): a LoRA policy's trainable weights are small")

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+GSM8K_SOURCE = "openai/gsm8k"                       # veRL's data_source names (not models to download)
+MATH_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 GSM8K_INSTRUCTION = "Let's think step by step and output the final answer after \"####\"."
 MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 
@@ -34,11 +36,11 @@ class DataError(ValueError):
 
 def gsm8k_row(raw: dict, index: int, split: str) -> dict:
     gold = raw["answer"].split("####")[-1].strip().replace(",", "")
-    return _row("openai/gsm8k", f"{raw['question']} {GSM8K_INSTRUCTION}", gold, split, index,
+    return _row(GSM8K_SOURCE, f"{raw['question']} {GSM8K_INSTRUCTION}", gold, split, index,
                 {"answer": raw["answer"], "question": raw["question"]})
 
 
-def math_row(raw: dict, index: int, split: str, data_source: str = "DigitalLearningGmbH/MATH-lighteval") -> dict:
+def math_row(raw: dict, index: int, split: str, data_source: str = MATH_SOURCE) -> dict:
     extra = {k: raw[k] for k in ("level", "type", "subject", "unique_id") if k in raw}
     return _row(data_source, f"{raw['problem']} {MATH_INSTRUCTION}", str(raw["answer"]), split, index, extra)
 

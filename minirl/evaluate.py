@@ -16,8 +16,7 @@ import time
 from collections import Counter, defaultdict
 
 from minirl.data import prompt_text
-from minirl.rewards import (_as_problem, _normalise, extract_code, extract_gsm8k_answer, gsm8k_reward, is_code,
-                            judge_completions, last_boxed, reward_fn_for, reward_from_result)
+from minirl.rewards import normalise_answer, score_details
 from minirl.rollout import sample
 
 
@@ -36,35 +35,11 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def majority_vote(answers: list[str | None], rewards: list[float]) -> float:
     """Reward of the most common extracted answer (ties: the first seen); 0 if nothing was extracted."""
-    votes = Counter(_normalise(a) for a in answers if a is not None)
+    votes = Counter(normalise_answer(a) for a in answers if a is not None)
     if not votes:
         return 0.0
     winner = votes.most_common(1)[0][0]
-    return next(r for a, r in zip(answers, rewards) if a is not None and _normalise(a) == winner)
-
-
-def _extract(row: dict, text: str) -> str | None:
-    if is_code(row):
-        return extract_code(text, _as_problem(row["reward_model"]["ground_truth"]).get("language", "python"))
-    return extract_gsm8k_answer(text) if reward_fn_for(row["data_source"]) is gsm8k_reward else last_boxed(text)
-
-
-def score_records(texts: list[str], rows: list[dict], judge=None, code_style: str = "codefu") -> list[dict]:
-    """reward, extracted answer (or code) and, for code, the judge's verdict, for each completion."""
-    out = [{"answer": _extract(row, text)} for text, row in zip(texts, rows)]
-    code = [i for i, row in enumerate(rows) if is_code(row)]
-    if code:
-        if judge is None:
-            raise ValueError("code problems need a judge: evaluate(..., judge=minirl.judge.Judge())")
-        results = judge_completions([texts[i] for i in code], [rows[i]["reward_model"]["ground_truth"] for i in code],
-                                    judge)
-        for i, res in zip(code, results):
-            out[i].update(reward=reward_from_result(res, code_style), verdict=res.verdict if res else "no code",
-                          tests_passed=res.passed if res else 0)
-    for i, (text, row) in enumerate(zip(texts, rows)):
-        if not is_code(row):
-            out[i]["reward"] = reward_fn_for(row["data_source"])(text, str(row["reward_model"]["ground_truth"]))
-    return out
+    return next(r for a, r in zip(answers, rewards) if a is not None and normalise_answer(a) == winner)
 
 
 def evaluate(model, tokenizer, rows: list[dict], n: int = 1, greedy: bool = True, temperature: float = 1.0,
@@ -83,7 +58,7 @@ def evaluate(model, tokenizer, rows: list[dict], n: int = 1, greedy: bool = True
                          temperature=temperature, top_p=top_p, greedy=greedy)
         seconds = time.perf_counter() - t0
         expanded = [r for r in chunk for _ in range(n)]
-        scored = score_records(rollout.texts, expanded, judge, code_style)
+        scored = score_details(rollout.texts, expanded, judge, code_style)
         lengths = rollout.response_mask.sum(dim=1).tolist()
         total_tokens = max(sum(lengths), 1)
         for i, (row, text, sc, length) in enumerate(zip(expanded, rollout.texts, scored, lengths)):
@@ -124,11 +99,3 @@ def summarize(records: list[dict], ks: list[int] | None = None, greedy: bool = F
                   "seconds_per_token": seconds / max(tokens, 1), "tokens_per_second": tokens / max(seconds, 1e-9)})
         summary[src] = s
     return summary
-
-
-def accuracy_by_source(records: list[dict]) -> dict[str, float]:
-    """Mean reward per data_source (for 0/1 rewards: accuracy), as verl's `val/test_score/<source>`."""
-    by_source = defaultdict(list)
-    for r in records:
-        by_source[r["data_source"]].append(r["reward"])
-    return {f"val/test_score/{src}": sum(v) / len(v) for src, v in by_source.items()}

@@ -175,7 +175,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
             capped = torch.minimum(per_token, -advantages * dual_clip)
             per_token = torch.where(advantages < 0, capped, per_token)
     elif kind == "cispo":
-        per_token = -clipped_ratio.detach() * advantages * logp
+        per_token = -cispo_weight(ratio, clip_low, clip_high) * advantages * logp
         clipfrac = masked_mean((clipped_ratio != ratio).float(), mask_f)
     elif kind == "importance_sampling":
         per_token = -ratio * advantages

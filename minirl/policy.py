@@ -95,6 +95,16 @@ def load_model(path: str, dtype: torch.dtype = torch.float32, attn_implementatio
     return model
 
 
+def add_lora(model, rank: int, alpha: int, dropout: float = 0.0, target_modules: str = "all-linear"):
+    """Wrap the policy in a peft LoRA adapter; only the adapter's weights train. target_modules: peft's
+    "all-linear" or comma-separated module names."""
+    from peft import LoraConfig, get_peft_model
+    targets = target_modules if target_modules == "all-linear" else \
+        [t.strip() for t in target_modules.split(",") if t.strip()]
+    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
+                                            target_modules=targets, task_type="CAUSAL_LM"))
+
+
 def enable_gradient_checkpointing(model) -> None:
     """Recompute each layer's activations in backward. Non-reentrant checkpointing works with frozen inputs
     (LoRA) and with FSDP. (transformers 5 renamed the method; both names are tried.)"""
@@ -141,6 +151,17 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     if sharded is not None:
         return sharded(input_ids, attention_mask, num_response_tokens, chunk_tokens, with_entropy)
     return _token_logprobs_unsharded(model, input_ids, attention_mask, num_response_tokens, chunk_tokens, with_entropy)
+
+
+@torch.no_grad()
+def batched_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int,
+                     micro_batch_size: int, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`token_logprobs` without gradients, micro-batch by micro-batch: old log-probs (with the entropy metric)
+    and the reference's log-probs.  -> (N, R), (N, R) | None"""
+    parts = [token_logprobs(model, input_ids[s:s + micro_batch_size], attention_mask[s:s + micro_batch_size],
+                            num_response_tokens, with_entropy=with_entropy)
+             for s in range(0, input_ids.shape[0], micro_batch_size)]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]) if with_entropy else None
 
 
 def _token_logprobs_unsharded(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int,

@@ -2,7 +2,8 @@
 
 It is a second copy of the starting weights, in eval mode with gradients off, used only to score the
 response tokens the policy sampled (`ref_logp`). With `kl_coef: 0` the trainer builds none (no memory cost).
-With LoRA the reference is the policy with its adapter disabled: no second copy (see `lora_reference_logprobs`).
+With LoRA the reference is the policy with its adapter disabled (`adapter_disabled`): no second copy.
+Its log-probs come from `policy.batched_logprobs`, like the sampling policy's.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import contextlib
 
 import torch
 
-from minirl.policy import load_model, token_logprobs
+from minirl.policy import load_model
 
 
 def load_reference(path: str, dtype: torch.dtype, attn_implementation: str, device: torch.device):
@@ -18,16 +19,6 @@ def load_reference(path: str, dtype: torch.dtype, attn_implementation: str, devi
     model.eval()
     model.requires_grad_(False)
     return model
-
-
-@torch.no_grad()
-def reference_logprobs(ref_model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       num_response_tokens: int, micro_batch_size: int) -> torch.Tensor:
-    """log pi_ref of each response token, (N, R), computed in micro-batches."""
-    parts = [token_logprobs(ref_model, input_ids[s:s + micro_batch_size], attention_mask[s:s + micro_batch_size],
-                            num_response_tokens)[0]
-             for s in range(0, input_ids.shape[0], micro_batch_size)]
-    return torch.cat(parts)
 
 
 def adapter_disabled(model):

@@ -6,6 +6,7 @@
     code_reward(completion, problem, judge, style)  last fenced code block run against the problem's tests
     score(completions, rows, judge)   -> list[float] the reward stage of a training step: picks the reward
                                                      function for each row; code rows are judged in one batch
+    score_details(...)                -> list[dict]  the same, with the extracted answer and code verdicts
 
 The reward for a row is chosen by `data_source` (as veRL's default_compute_score does): anything naming
 gsm8k, and the built-in toy task, uses gsm8k_reward; the MATH family (math, math500, aime, amc, custom
@@ -78,7 +79,7 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def _normalise(s: str) -> str:
+def normalise_answer(s: str) -> str:
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\left", "").replace("\\right", "")
     s = re.sub(r"\\text\{\s*([^}]*)\}", r"\1", s)
     return re.sub(r"\s+|\\!|\\,|\\ |\$", "", s).rstrip(".")
@@ -94,7 +95,7 @@ def math_reward(completion: str, answer: str) -> float:
     pred = last_boxed(completion)
     if pred is None:
         return 0.0
-    if _normalise(pred) == _normalise(answer):
+    if normalise_answer(pred) == normalise_answer(answer):
         return 1.0
     try:
         from math_verify import parse, verify
@@ -138,7 +139,7 @@ def reward_from_result(result, style: str = "codefu") -> float:
     return result.passed / max(result.total, 1)
 
 
-def _as_problem(ground_truth) -> dict:
+def as_problem(ground_truth) -> dict:
     return json.loads(ground_truth) if isinstance(ground_truth, str) else ground_truth
 
 
@@ -148,7 +149,7 @@ def judge_completions(completions: list[str], problems: list, judge) -> list:
     problem: {"tests": [{"input", "output"}], "language": "cpp"|"python", "time_limit_s", "memory_limit_mb",
               "float_tolerance"?} (the `reward_model.ground_truth` of a prepared code row, dict or JSON).
     """
-    problems = [_as_problem(p) for p in problems]
+    problems = [as_problem(p) for p in problems]
     sources = [extract_code(c, p.get("language", "python")) for c, p in zip(completions, problems, strict=True)]
     jobs = [dict(source=src, language=p.get("language", "python"), tests=p["tests"],
                  time_limit_s=float(p.get("time_limit_s", 2.0)), memory_limit_mb=int(p.get("memory_limit_mb", 256)),
@@ -197,19 +198,32 @@ def is_code(row: dict) -> bool:
     return row.get("ability") == "code"
 
 
-def score(completions: list[str], rows: list[dict], judge=None, code_style: str = "codefu") -> list[float]:
-    """The reward stage of a training step: one float per completion, `rows[i]` being its problem.
-    Code rows go to the judge together, so their programs run in parallel."""
-    rewards = [0.0] * len(completions)
+def extract_answer(text: str, row: dict) -> str | None:
+    """What the reward looks at: the code block, the '#### N' number, or the last \\boxed{} content."""
+    if is_code(row):
+        return extract_code(text, as_problem(row["reward_model"]["ground_truth"]).get("language", "python"))
+    return extract_gsm8k_answer(text) if reward_fn_for(row["data_source"]) is gsm8k_reward else last_boxed(text)
+
+
+def score_details(completions: list[str], rows: list[dict], judge=None, code_style: str = "codefu") -> list[dict]:
+    """reward and extracted answer per completion, plus verdict and tests_passed for code. Code rows go to the
+    judge together, so their programs run in parallel."""
+    out = [{"answer": extract_answer(text, row)} for text, row in zip(completions, rows, strict=True)]
     code = [i for i, row in enumerate(rows) if is_code(row)]
     if code:
         if judge is None:
-            raise ValueError("code rows need a judge: score(..., judge=minirl.judge.Judge())")
-        values = code_rewards([completions[i] for i in code], [rows[i]["reward_model"]["ground_truth"] for i in code],
-                              judge, code_style)
-        for i, v in zip(code, values):
-            rewards[i] = v
-    for i, (text, row) in enumerate(zip(completions, rows, strict=True)):
+            raise ValueError("code rows need a judge: pass judge=minirl.judge.Judge()")
+        results = judge_completions([completions[i] for i in code],
+                                    [rows[i]["reward_model"]["ground_truth"] for i in code], judge)
+        for i, res in zip(code, results):
+            out[i].update(reward=reward_from_result(res, code_style), verdict=res.verdict if res else "no code",
+                          tests_passed=res.passed if res else 0)
+    for i, (text, row) in enumerate(zip(completions, rows)):
         if not is_code(row):
-            rewards[i] = reward_fn_for(row["data_source"])(text, str(row["reward_model"]["ground_truth"]))
-    return rewards
+            out[i]["reward"] = reward_fn_for(row["data_source"])(text, str(row["reward_model"]["ground_truth"]))
+    return out
+
+
+def score(completions: list[str], rows: list[dict], judge=None, code_style: str = "codefu") -> list[float]:
+    """The reward stage of a training step: one float per completion, `rows[i]` being its problem."""
+    return [d["reward"] for d in score_details(completions, rows, judge, code_style)]

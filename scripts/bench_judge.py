@@ -107,8 +107,9 @@ def main() -> None:
         naive[lang] = [naive_judge(j) for j in batch]
         t_naive[lang] = time.perf_counter() - t0
 
-    from minirl.judge import Judge, _cache_dir
-    cache = Path(tempfile.mkdtemp(prefix="bench-", dir=_cache_dir()))  # an empty binary cache
+    from minirl.judge import Judge
+    from minirl.sandbox import cache_dir
+    cache = Path(tempfile.mkdtemp(prefix="bench-", dir=cache_dir()))  # an empty binary cache
     os.environ["MINIRL_JUDGE_CACHE"] = str(cache)
     results, t_minirl = {}, {}
     with Judge(workers=args.workers) as judge:  # builds the PCH (not timed: once per machine and flag set)

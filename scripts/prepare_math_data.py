@@ -14,13 +14,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from minirl.data import gsm8k_row, math_row  # noqa: E402
+from minirl.data import GSM8K_SOURCE, MATH_SOURCE, gsm8k_row, math_row  # noqa: E402
 
 SPLITS = [  # (output name, input files, converter, split, data_source)
-    ("gsm8k_train", ["gsm8k/train.jsonl"], "gsm8k", "train", "openai/gsm8k"),
-    ("gsm8k_test", ["gsm8k/test_200.jsonl"], "gsm8k", "test", "openai/gsm8k"),
+    ("gsm8k_train", ["gsm8k/train.jsonl"], "gsm8k", "train", GSM8K_SOURCE),
+    ("gsm8k_test", ["gsm8k/test_200.jsonl"], "gsm8k", "test", GSM8K_SOURCE),
     ("math_train", ["math/math_train_7500.jsonl", "math/math_test_4500_nonmath500.jsonl"], "math", "train",
-     "DigitalLearningGmbH/MATH-lighteval"),
+     MATH_SOURCE),
     ("math500_test", ["math/math500_test.jsonl"], "math", "test", "HuggingFaceH4/MATH-500"),
 ]
 

@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from minirl.data import GSM8K_SOURCE
 from conftest import ROOT, shared_file
 from minirl.data import DataError, load_rows, prompt_indices, prompt_text
 
@@ -21,7 +22,7 @@ def test_toy_files_load_in_verl_format():
 
 def test_raw_gsm8k_and_math_rows_are_converted():
     g = load_rows(str(shared_file("gsm8k/test_200.jsonl")), limit=5)
-    assert g[0]["data_source"] == "openai/gsm8k" and "####" in g[0]["prompt"][0]["content"]
+    assert g[0]["data_source"] == GSM8K_SOURCE and "####" in g[0]["prompt"][0]["content"]
     assert g[0]["reward_model"]["ground_truth"] == "18"
     m = load_rows(str(shared_file("math/math500_test.jsonl")), limit=5)
     assert "\\boxed{}" in m[0]["prompt"][0]["content"]
@@ -38,7 +39,7 @@ def test_simplerl_custom_rows_train_as_math(tmp_path):
 
 
 def test_malformed_rows_name_file_line_and_field(tmp_path):
-    good = {"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "q"}],
+    good = {"data_source": GSM8K_SOURCE, "prompt": [{"role": "user", "content": "q"}],
             "reward_model": {"style": "rule", "ground_truth": "1"}}
     f = write_jsonl(tmp_path / "bad.jsonl", [good, good, {**good, "reward_model": {"style": "rule"}}])
     with pytest.raises(DataError, match=r"bad.jsonl, line 3: missing field 'reward_model.ground_truth'"):

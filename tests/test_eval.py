@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from minirl.data import GSM8K_SOURCE
 from conftest import ROOT, shared_file
 from minirl.evaluate import majority_vote, pass_at_k, summarize
 
@@ -47,7 +48,7 @@ def test_eval_py_on_real_gsm8k_rows(tmp_path, tiny_path):
     assert len(samples) == 24
     for field in ("problem_id", "data_source", "prompt", "completion", "answer", "reward", "tokens", "seconds"):
         assert field in samples[0], field
-    summary = json.loads((out / "summary.json").read_text())["openai/gsm8k"]
+    summary = json.loads((out / "summary.json").read_text())[GSM8K_SOURCE]
     for field in ("mean@4", "pass@1", "pass@2", "pass@4", "maj@4", "mean_completion_tokens", "seconds_per_token",
                   "tokens_per_second"):
         assert field in summary, field

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from minirl.data import GSM8K_SOURCE
 from conftest import shared_file
 from minirl.judge import Judge, outputs_match
 from minirl.rewards import code_reward, code_rewards, extract_code, reward_from_result
@@ -186,7 +187,7 @@ def test_code_reward_styles(judge, completion, codefu, binary):
 def test_batch_code_rewards_and_score_dispatch(judge):
     from minirl.rewards import score
     rows = [{"data_source": "codecontests", "ability": "code", "reward_model": {"ground_truth": json.dumps(PROBLEM)}},
-            {"data_source": "openai/gsm8k", "ability": "math", "reward_model": {"ground_truth": "3"}}]
+            {"data_source": GSM8K_SOURCE, "ability": "math", "reward_model": {"ground_truth": "3"}}]
     assert score([f"```python\n{AB_PY}```", "#### 3"], rows, judge=judge) == [1.0, 1.0]
     with pytest.raises(ValueError, match="need a judge"):
         score(["x", "y"], rows)

@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from minirl.data import GSM8K_SOURCE
 from conftest import shared_file
 from minirl.rewards import extract_gsm8k_answer, gsm8k_reward, last_boxed, math_reward, reward_fn_for, score
 
@@ -64,11 +65,11 @@ def test_math_reward_accepts_real_math500_solutions():
 
 
 def test_reward_dispatch_by_data_source():
-    assert reward_fn_for("openai/gsm8k") is gsm8k_reward
+    assert reward_fn_for(GSM8K_SOURCE) is gsm8k_reward
     assert reward_fn_for("toy_arithmetic") is gsm8k_reward
     assert reward_fn_for("math500") is math_reward
     with pytest.raises(ValueError, match="no reward function"):
         reward_fn_for("mystery")
-    rows = [{"data_source": "openai/gsm8k", "reward_model": {"ground_truth": "3"}},
+    rows = [{"data_source": GSM8K_SOURCE, "reward_model": {"ground_truth": "3"}},
             {"data_source": "math500", "reward_model": {"ground_truth": "3"}}]
     assert score(["#### 3", r"\boxed{4}"], rows) == [1.0, 0.0]
