@@ -31,13 +31,14 @@ from tqdm import tqdm
 from minirl import checkpoint
 from minirl.config import Config, parse_config
 from minirl.data import load_rows, prompt_indices, prompt_text
-from minirl.distributed import (all_reduce_sum, full_state_dict, gathered, is_sharded, shard,
-                                sum_gradients_across_processes)
+from minirl.distributed import (all_reduce_max, all_reduce_min, all_reduce_sum, broadcast_parameters,
+                                full_state_dict, gathered, is_sharded, shard, shutdown, sum_gradients_across_processes,
+                                sum_over_processes, world_size)
 from minirl.evaluate import evaluate
 from minirl.critic import critic_forward_backward, critic_values, load_critic
 from minirl.loss import gae, group_advantages, kl_penalty, outcome_token_rewards, whiten
-from minirl.policy import (add_lora, batched_logprobs, load_model, load_tokenizer, pick_attn_implementation,
-                           pick_dtype, resolve_model_path)
+from minirl.policy import (add_lora, autocast, batched_logprobs, config_dtype, load_model, load_tokenizer,
+                           pick_attn_implementation, pick_dtype, resolve_model_path)
 from minirl.reference import adapter_disabled, load_reference
 from minirl.judge import Judge
 from minirl.rewards import is_code, overlong_penalty, score
@@ -81,8 +82,10 @@ def sample_and_score(policy, tokenizer, train_rows: list[dict], cfg: Config, pos
     """Stages 1-2 for one step: B prompts from the stream, G completions each, their rewards.
 
     With DAPO's dynamic sampling, groups whose G rewards are all equal (no learning signal) are dropped and
-    further prompts sampled, for at most max_sampling_rounds rounds; every process runs the same number of
-    rounds. Returns (rollout, rows, rewards (N,), new position in the prompt stream, metrics).
+    further prompts sampled, for at most max_sampling_rounds rounds. Every process runs the same number of
+    rounds and keeps the same number of groups (the fewest any process has), because the update's collectives
+    (gradient sums, FSDP's gathers) need the same number of passes everywhere.
+    Returns (rollout, rows, rewards (N,), new position in the prompt stream, metrics).
     """
     B, G = cfg.prompts_per_step, cfg.group_size
 
@@ -96,33 +99,92 @@ def sample_and_score(policy, tokenizer, train_rows: list[dict], cfg: Config, pos
         return rollout, rows, rewards, position, metrics
 
     parts, kept_rows, kept_rewards, rounds = [], [], [], 1
-    device = next(policy.parameters()).device
     while True:
         keep = [g for g in range(B) if rewards[g * G:(g + 1) * G].std() > 0]
         parts.append(select_groups(rollout, keep))
         kept_rows += [rows[g] for g in keep]
         kept_rewards.append(rewards.view(B, G)[keep].reshape(-1))
-        missing = torch.tensor([float(len(kept_rows) < B)], device=device)
-        if all_reduce_sum(missing).item() == 0 or rounds >= cfg.max_sampling_rounds:
+        groups = int(all_reduce_min(min(len(kept_rows), B)))  # groups that every process can train
+        if groups == B or rounds >= cfg.max_sampling_rounds:
             break
         rows, position = next_prompts(position)
         rollout, rewards, m = sample_round(policy, tokenizer, rows, cfg, judge)
         metrics = {k: metrics[k] + m[k] for k in metrics}
         rounds += 1
-    if kept_rows:
-        rollout, rewards = concat_rollouts(parts, tokenizer.pad_token_id), torch.cat(kept_rewards)
-        # keep exactly B groups (or fewer, if the rounds ran out)
-        rows = kept_rows[:B]
-        rollout, rewards = select_groups(rollout, list(range(len(rows)))), rewards[:len(rows) * G]
-    # else: every group was uniform in every round; train on the last round (all its advantages are 0)
-    metrics.update({"batch/sampling_rounds": rounds, "batch/groups_dropped": rounds * B - len(kept_rows),
-                    "batch/groups": len(rows)})
+    dropped = rounds * B - len(kept_rows)
+    if groups > 0:
+        rollout = select_groups(concat_rollouts(parts, tokenizer.pad_token_id), list(range(groups)))
+        rows, rewards = kept_rows[:groups], torch.cat(kept_rewards)[:groups * G]
+    # else: some process kept no group in any round; all train on their last round (uniform groups: advantage 0)
+    metrics.update({"batch/sampling_rounds": rounds, "batch/groups_dropped": dropped, "batch/groups": len(rows)})
     return rollout, rows, rewards, position, metrics
 
 
 def stats(name: str, x: torch.Tensor) -> dict[str, float]:
     x = x.float()
     return {f"{name}/mean": float(x.mean()), f"{name}/max": float(x.max()), f"{name}/min": float(x.min())}
+
+
+@torch.no_grad()
+def prepare_batch(policy, ref_model, critic, rollout: Rollout, rewards: torch.Tensor, cfg: Config, device,
+                  mbs: int) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict[str, float]]:
+    """What the update needs, from the trainer's own forward passes: log-probs of the sampling policy (and the
+    reference's, and the critic's values), then advantages. Returns (batch, entropy (N, R), metrics)."""
+    R, G = rollout.response_ids.shape[1], cfg.group_size
+    mask = rollout.response_mask.clone()
+    if cfg.mask_truncated:  # DAPO overlong filtering: truncated answers teach nothing either way
+        mask[rollout.truncated] = 0
+    batch = {"input_ids": rollout.input_ids.to(device), "attention_mask": rollout.attention_mask.to(device),
+             "response_mask": mask.to(device)}
+    ids, attn, T = batch["input_ids"], batch["attention_mask"], cfg.temperature
+    batch["old_logp"], entropy = batched_logprobs(policy, ids, attn, R, mbs, T, with_entropy=True)  # (N, R)
+    metrics, rewards = {}, rewards.to(device)
+    if cfg.kl_coef > 0:
+        with adapter_disabled(policy) if ref_model is None else torch.no_grad():
+            batch["ref_logp"], _ = batched_logprobs(ref_model or policy, ids, attn, R, mbs, T)
+    kl = kl_penalty(batch["old_logp"], batch["ref_logp"], cfg.kl_estimator) * batch["response_mask"] \
+        if cfg.kl_in_reward else None                                                            # (N, R)
+    if cfg.algorithm == "grpo":
+        if kl is not None:  # verl's use_kl_in_reward: the sequence's reward is its score minus beta * sum_t KL_t
+            rewards = rewards - cfg.kl_coef * kl.sum(1)
+            metrics["actor/reward_kl_penalty"] = float(kl.sum() / batch["response_mask"].sum().clamp(min=1))
+        batch["advantages"] = group_advantages(rewards, G, cfg.adv_estimator, cfg.adv_std, cfg.adv_eps)  # (N,)
+    else:  # PPO: GAE on the critic's values, whitened over the whole step (all processes), as one process would
+        batch["old_values"] = critic_values(critic, ids, attn, R, mbs)
+        token_rewards = outcome_token_rewards(rewards, batch["response_mask"], kl, cfg.kl_coef)
+        adv, batch["returns"] = gae(token_rewards, batch["old_values"], batch["response_mask"], cfg.gae_gamma,
+                                    cfg.gae_lambda)                                              # (N, R)
+        batch["advantages"] = whiten(adv, batch["response_mask"], total=all_reduce_sum) * batch["response_mask"]
+    return batch, entropy, metrics
+
+
+def update(policy, critic, optimizer, scheduler, critic_optimizer, batch: dict[str, torch.Tensor], cfg: Config,
+           loss_settings: LossSettings, mbs: int) -> dict[str, float]:
+    """Stages 3-4 over mini-batches of whole groups, for ppo_epochs passes. Returns step metrics: losses summed
+    over processes (each process holds its share of the step's total), averaged over optimizer steps."""
+    N, device, world = batch["input_ids"].shape[0], batch["input_ids"].device, world_size()
+    mini = max(N // cfg.mini_batches, cfg.group_size)
+    actor, critic_rows = [], []
+    for _ in range(cfg.ppo_epochs):
+        for s in range(0, N, mini):
+            mb = {k: v[s:s + mini] for k, v in batch.items()}
+            counts = all_reduce_sum(torch.tensor([float(mb["response_mask"].sum()), float(len(mb["input_ids"]))],
+                                                 device=device))
+            num_tokens, num_seqs = max(float(counts[0]), 1.0), float(counts[1])
+            lr = optimizer.param_groups[0]["lr"]  # the rate this optimizer step uses
+            # FSDP averages gradients over processes; the loss wants their sum (see distributed.py)
+            row = sum_over_processes(forward_backward(policy, mb, loss_settings, mbs, num_tokens, num_seqs,
+                                                      loss_scale=world if is_sharded(policy) else 1.0))
+            sum_gradients_across_processes(policy)
+            actor.append({**row, "grad_norm": optim_step(policy, optimizer, scheduler, cfg.max_grad_norm), "lr": lr})
+            if critic is not None:
+                row = sum_over_processes(critic_forward_backward(critic, mb, mbs, num_tokens, cfg.value_clip))
+                sum_gradients_across_processes(critic)
+                critic_rows.append({**row, "grad_norm": optim_step(critic, critic_optimizer, None, cfg.max_grad_norm)})
+
+    def mean(rows: list[dict], prefix: str) -> dict[str, float]:
+        return {f"{prefix}/{k}": sum(r[k] for r in rows) / len(rows) for k in rows[0]} if rows else {}
+    return {**mean(actor, "actor"), "actor/lr": actor[-1]["lr"], **mean(critic_rows, "critic")}
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -133,7 +195,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         os.environ.setdefault("ACCELERATE_USE_CPU", "1")
     accelerator = Accelerator(log_with=trackers or None, project_dir=cfg.output_dir)
     rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
-    torch.manual_seed(cfg.seed * 1000 + rank)  # different samples on each process
     out_dir = Path(cfg.output_dir)
     if accelerator.is_main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -143,23 +204,31 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     # --- policy, reference, data ----------------------------------------------------------------------
     with accelerator.main_process_first():  # the first process builds the toy model if needed
         path = resolve_model_path(cfg.model_name_or_path)
+    # Precision: trained weights and optimizer state are fp32 (bf16 weights would round away most updates at
+    # lr 1e-6); forward/backward computes in `dtype` (autocast, or FSDP's mixed precision). A frozen LoRA base
+    # and the reference stay in `dtype`. The final model is saved in the dtype its config names.
     dtype, attn = pick_dtype(cfg.dtype, device), pick_attn_implementation(cfg.attn_implementation)
+    save_dtype = config_dtype(path) if cfg.save_dtype == "auto" else getattr(torch, cfg.save_dtype)
     tokenizer = load_tokenizer(path)
-    policy = load_model(path, dtype, attn, cfg.gradient_checkpointing, cfg.load_in_bits)
+    torch.manual_seed(cfg.seed)  # one seed for anything initialised here (a LoRA adapter): same on every process
+    policy = load_model(path, dtype if cfg.lora_rank > 0 or cfg.load_in_bits else torch.float32, attn,
+                        cfg.gradient_checkpointing, cfg.load_in_bits)
     policy = policy if cfg.load_in_bits else policy.to(device)
-    if cfg.lora_rank > 0:
+    if cfg.lora_rank > 0:  # peft keeps the adapter's weights in fp32 over a bf16 base
         policy = add_lora(policy, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
+        broadcast_parameters(p for p in policy.parameters() if p.requires_grad)  # and insist on it
     if cfg.fsdp and world > 1:
-        shard(policy)  # before the optimizer exists: it must hold the sharded parameters
+        shard(policy, dtype)  # before the optimizer exists: it must hold the sharded parameters
     elif cfg.fsdp:
         accelerator.print("fsdp: one process, nothing to shard")
     policy.train()
+    torch.manual_seed(cfg.seed * 1000 + rank)  # from here on, different samples on each process
     # the KL reference: a frozen copy, or with LoRA the policy with its adapter switched off (no second copy)
     ref_model = load_reference(path, dtype, attn, device) if cfg.kl_coef > 0 and cfg.lora_rank == 0 else None
     critic = None
     if cfg.algorithm == "ppo":
         critic = load_critic(resolve_model_path(cfg.critic_model_path) if cfg.critic_model_path else path,
-                             dtype, attn, cfg.gradient_checkpointing, device)
+                             torch.float32, attn, cfg.gradient_checkpointing, device)
         critic.train()
 
     train_rows = load_rows(cfg.train_files, split="train")
@@ -178,8 +247,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     trainable = [p for p in policy.parameters() if p.requires_grad]  # with LoRA: the adapter only
     optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                   betas=(cfg.adam_beta1, cfg.adam_beta2))
-    optimizer_steps_per_step = cfg.ppo_epochs * cfg.mini_batches
-    scheduler = warmup_constant_schedule(optimizer, cfg.warmup_steps * optimizer_steps_per_step)
+    scheduler = warmup_constant_schedule(optimizer, cfg.warmup_steps * cfg.ppo_epochs * cfg.mini_batches)
     critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, weight_decay=cfg.weight_decay,
                                          betas=(cfg.adam_beta1, cfg.adam_beta2)) if critic is not None else None
     loss_settings = LossSettings.from_config(cfg)
@@ -191,7 +259,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if start_step == 0:
         if accelerator.is_main_process:
             (out_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run starts a fresh log
-        before = validate(policy, tokenizer, val_rows, cfg, rank, world, judge) if val_rows else {}
+        with autocast(device, dtype):
+            before = validate(policy, tokenizer, val_rows, cfg, rank, world, judge) if val_rows else {}
         if accelerator.is_main_process and before:
             with (out_dir / "metrics.jsonl").open("a") as f:
                 f.write(json.dumps({"training/global_step": 0, **before}) + "\n")
@@ -207,59 +276,20 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                disable=not accelerator.is_main_process, dynamic_ncols=True)
     for step in bar:
         t_step = time.perf_counter()
-
-        # 1-2. sample G completions per prompt, score them
-        rollout, rows, rewards, position, m = sample_and_score(policy, tokenizer, train_rows, cfg, position,
-                                                               rank, world, judge)
-        N, R = len(rows) * G, rollout.response_ids.shape[1]
-        mask = rollout.response_mask.clone()
-        if cfg.mask_truncated:  # DAPO overlong filtering: truncated answers teach nothing either way
-            mask[rollout.truncated] = 0
-        batch = {"input_ids": rollout.input_ids.to(device), "attention_mask": rollout.attention_mask.to(device),
-                 "response_mask": mask.to(device)}
-
-        # log-probs of the sampling policy (and reference, and values) from the trainer's own forward pass
-        t0 = time.perf_counter()
-        width = batch["input_ids"].shape[1]  # every sequence of the step is padded to this many tokens
-        mbs = max(1, cfg.micro_batch_tokens // width) if cfg.micro_batch_tokens else cfg.micro_batch_size
-        with torch.no_grad():
-            batch["old_logp"], entropy = batched_logprobs(policy, batch["input_ids"], batch["attention_mask"], R,
-                                                          mbs, with_entropy=True)                  # (N, R) each
-            if cfg.kl_coef > 0:
-                with adapter_disabled(policy) if ref_model is None else torch.no_grad():
-                    batch["ref_logp"], _ = batched_logprobs(ref_model or policy, batch["input_ids"],
-                                                            batch["attention_mask"], R, mbs)
-            # advantages: group-relative (GRPO family) or GAE on the critic's values (PPO)
-            if cfg.algorithm == "grpo":
-                batch["advantages"] = group_advantages(rewards, G, cfg.adv_estimator, cfg.adv_std,
-                                                       cfg.adv_eps).to(device)                      # (N,)
-            else:
-                batch["old_values"] = critic_values(critic, batch["input_ids"], batch["attention_mask"], R, mbs)
-                kl = kl_penalty(batch["old_logp"], batch["ref_logp"], cfg.kl_estimator) if cfg.kl_in_reward else None
-                token_rewards = outcome_token_rewards(rewards.to(device), batch["response_mask"], kl, cfg.kl_coef)
-                adv, batch["returns"] = gae(token_rewards, batch["old_values"], batch["response_mask"],
-                                            cfg.gae_gamma, cfg.gae_lambda)                          # (N, R)
-                batch["advantages"] = whiten(adv, batch["response_mask"]) * batch["response_mask"]
-
-        # 3-4. forward_backward + optim_step, over mini-batches of whole groups
-        mini = max(N // cfg.mini_batches, G)
-        update_metrics, grad_norms, critic_metrics = [], [], []
-        for _ in range(cfg.ppo_epochs):
-            for s in range(0, N, mini):
-                mb = {k: v[s:s + mini] for k, v in batch.items()}
-                counts = all_reduce_sum(torch.tensor([float(mb["response_mask"].sum()), float(len(mb["input_ids"]))],
-                                                     device=device))
-                num_tokens, num_seqs = max(float(counts[0]), 1.0), float(counts[1])
-                # FSDP averages gradients over processes; the loss wants their sum (see distributed.py)
-                update_metrics.append(forward_backward(policy, mb, loss_settings, mbs, num_tokens, num_seqs,
-                                                       loss_scale=world if is_sharded(policy) else 1.0))
-                sum_gradients_across_processes(policy)
-                grad_norms.append(optim_step(policy, optimizer, scheduler, cfg.max_grad_norm))
-                if critic is not None:
-                    critic_metrics.append(critic_forward_backward(critic, mb, mbs, num_tokens, cfg.value_clip))
-                    sum_gradients_across_processes(critic)
-                    critic_metrics[-1]["grad_norm"] = optim_step(critic, critic_optimizer, None, cfg.max_grad_norm)
-        m["timing_s/update"] = time.perf_counter() - t0
+        with autocast(device, dtype):
+            # 1-2. sample G completions per prompt, score them
+            rollout, rows, rewards, position, m = sample_and_score(policy, tokenizer, train_rows, cfg, position,
+                                                                   rank, world, judge)
+            t0 = time.perf_counter()
+            # micro-batch size: from a token budget over the widest process's batch, so all run as many passes
+            width = all_reduce_max(rollout.input_ids.shape[1])
+            mbs = max(1, int(cfg.micro_batch_tokens // width)) if cfg.micro_batch_tokens else cfg.micro_batch_size
+            # log-probs of the sampling policy (and reference, and values), advantages
+            batch, entropy, m_batch = prepare_batch(policy, ref_model, critic, rollout, rewards, cfg, device, mbs)
+            # 3-4. forward_backward + optim_step, over mini-batches of whole groups
+            m.update(m_batch)
+            m.update(update(policy, critic, optimizer, scheduler, critic_optimizer, batch, cfg, loss_settings, mbs))
+            m["timing_s/update"] = time.perf_counter() - t0
 
         # --- metrics (veRL names) ---------------------------------------------------------------------
         lengths = rollout.response_mask.sum(dim=1)
@@ -270,17 +300,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         m.update({"training/global_step": step + 1, **stats("critic/reward", g_rewards),
                   **stats("critic/advantages", g_adv), **stats("response_length", g_len),
                   "response_length/clip_ratio": float(g_trunc.mean())})
-        for key in update_metrics[0]:
-            m[f"actor/{key}"] = sum(u[key] for u in update_metrics) / len(update_metrics)
-        for key in critic_metrics[0] if critic_metrics else []:
-            m[f"critic/{key}"] = sum(u[key] for u in critic_metrics) / len(critic_metrics)
         ent = all_reduce_sum(torch.stack([(entropy * batch["response_mask"]).sum(),
                                           batch["response_mask"].sum().float()]))
         m["actor/entropy"] = float(ent[0] / ent[1].clamp(min=1))  # of the sampling policy, per response token
-        m["actor/grad_norm"] = sum(grad_norms) / len(grad_norms)
-        m["actor/lr"] = scheduler.get_last_lr()[0]
         if val_rows and (step + 1 == cfg.max_steps or (cfg.val_every and (step + 1) % cfg.val_every == 0)):
-            m.update(validate(policy, tokenizer, val_rows, cfg, rank, world, judge))
+            with autocast(device, dtype):
+                m.update(validate(policy, tokenizer, val_rows, cfg, rank, world, judge))
         m["timing_s/step"] = time.perf_counter() - t_step
         if accelerator.is_main_process:
             with metrics_file.open("a") as f:
@@ -300,17 +325,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     accelerator.wait_for_everyone()
     model_state = full_state_dict(policy)  # FSDP: gathered on every process (collective), saved by the first
     if accelerator.is_main_process:
-        policy.save_pretrained(out_dir, state_dict=model_state)  # with LoRA: the adapter (eval.py loads it)
+        # with LoRA: the adapter (eval.py loads it); else the full model, in the dtype of its config
+        checkpoint.save_model(policy, out_dir, save_dtype, model_state)
         tokenizer.save_pretrained(out_dir)
         if cfg.lora_rank > 0 and cfg.save_merged:  # a plain model that AutoModelForCausalLM loads
-            policy.merge_and_unload().save_pretrained(out_dir / "merged")
+            checkpoint.save_model(policy.merge_and_unload(), out_dir / "merged", save_dtype)
             tokenizer.save_pretrained(out_dir / "merged")
         summary = {"before": before, "after": after, "steps": cfg.max_steps}
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"saved the policy and tokenizer to {out_dir}")
     if judge is not None:
         judge.close()
-    accelerator.wait_for_everyone()  # a barrier before the process group goes avoids an abort at exit
+    shutdown()  # every process leaves the process group together (see distributed.shutdown)
     accelerator.end_training()
     return {"before": before, "after": after, "policy": policy}
 

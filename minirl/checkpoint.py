@@ -149,6 +149,19 @@ def finish_save(output_dir: str | Path, tmp: Path, step: int, keep_last: int) ->
     return final
 
 
+def save_model(model, folder: str | Path, dtype: torch.dtype, state_dict: dict | None = None) -> None:
+    """save_pretrained with floating-point weights cast to `dtype` (training keeps fp32 weights; a bf16 model is
+    saved in bf16 again). A peft model saves its adapter, kept as trained (fp32). Checkpoints for resuming are
+    saved unchanged (save_shared_state), so that resuming is exact."""
+    if hasattr(model, "peft_config"):
+        model.save_pretrained(folder, state_dict=state_dict)
+        return
+    state = state_dict if state_dict is not None else model.state_dict()
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    model.config.dtype = dtype  # config.json records what the files hold
+    model.save_pretrained(folder, state_dict=state)
+
+
 def load_weights(model, folder: Path) -> None:
     """Load saved weights (full model or LoRA adapter) into an existing model, in place."""
     from safetensors.torch import load_file

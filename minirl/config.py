@@ -21,7 +21,8 @@ from typing import Any, Literal
 class Config:
     # --- model ---------------------------------------------------------------------------------------------
     model_name_or_path: str = "tiny"      # a folder `from_pretrained` reads; "tiny" builds the built-in toy model
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # compute dtype (weights stay fp32); auto: bf16 on GPU, fp32 on CPU
+    save_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # final model's dtype; auto: as its config says
     attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = "auto"  # auto: flash-attn if importable, else sdpa
     gradient_checkpointing: bool = False  # recompute activations in backward; generation still uses the KV cache
     fsdp: bool = False                    # shard the policy with FSDP2 across processes (full fine-tuning)
@@ -48,7 +49,7 @@ class Config:
     # --- algorithm -----------------------------------------------------------------------------------------
     algorithm: Literal["grpo", "ppo"] = "grpo"  # grpo: critic-free, advantages from the group; ppo: critic + GAE
     adv_estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"  # see loss.group_advantages
-    adv_std: Literal["unbiased", "population"] = "unbiased"     # verl: unbiased (torch.std default); TRL: population
+    adv_std: Literal["unbiased", "population"] = "unbiased"     # verl and TRL: unbiased (torch.std's default)
     adv_eps: float = 1e-6                 # added to the group std (verl 1e-6, TRL 1e-4)
     policy_loss: Literal["ppo", "cispo", "importance_sampling"] = "ppo"  # see loss.policy_loss
     clip_low: float = 0.2                 # ratio clipped to [1-clip_low, 1+clip_high] (PPO, Schulman et al. 2017)
@@ -58,7 +59,8 @@ class Config:
     dual_clip: float = 0.0                # PPO dual-clip constant c (Ye et al. 2020; verl uses 3.0); 0 = off
     kl_coef: float = 0.0                  # weight of the KL-to-reference term; 0 = no reference model at all
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"  # Schulman's estimators, see loss.kl_penalty
-    kl_in_reward: bool = False            # fold -kl_coef*KL into the token rewards (PPO style) instead of the loss
+    kl_in_reward: bool = False            # fold -kl_coef*KL into the rewards instead of the loss (verl's use_kl_in_reward;
+                                          # GRPO: a sequence's reward minus kl_coef * its summed KL)
     # --- PPO with a critic (algorithm: ppo) ----------------------------------------------------------------
     critic_model_path: str = ""           # "" = a copy of the policy's starting weights with a value head
     critic_lr: float = 1e-3               # the toy critic's rate; ~1e-5 for 1-7B models
@@ -182,6 +184,9 @@ def validate(cfg: Config) -> None:
                 "value_clip", "overlong_buffer", "overlong_penalty"]:
         if getattr(cfg, key) < 0:
             raise ConfigError(f"config key '{key}' must be >= 0, got {getattr(cfg, key)}")
+    if cfg.kl_in_reward and cfg.kl_coef <= 0:
+        raise ConfigError("config key 'kl_in_reward' needs 'kl_coef' > 0 (the weight of the KL folded into the "
+                          "rewards); set kl_coef, or kl_in_reward: false")
     if cfg.temperature <= 0 or not 0 < cfg.top_p <= 1:
         raise ConfigError("config keys 'temperature' must be > 0 and 'top_p' in (0, 1]")
     if cfg.algorithm == "grpo" and cfg.adv_estimator in ("grpo", "rloo") and cfg.group_size < 2:

@@ -37,6 +37,52 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def all_reduce_max(x: float) -> float:
+    """The largest value of a number over all processes (e.g. so that every process picks one micro-batch size)."""
+    if world_size() == 1:
+        return x
+    return float(_all_reduce_cpu(torch.tensor([float(x)], dtype=torch.float64), dist.ReduceOp.MAX))
+
+
+def all_reduce_min(x: float) -> float:
+    """The smallest value of a number over all processes (e.g. the groups every process can train)."""
+    return -all_reduce_max(-x)
+
+
+def sum_over_processes(metrics: dict[str, float]) -> dict[str, float]:
+    """Sum each metric over processes: for per-process shares of a step total (the losses of forward_backward)."""
+    if world_size() == 1 or not metrics:
+        return metrics
+    t = torch.tensor(list(metrics.values()), dtype=torch.float64)
+    return dict(zip(metrics, _all_reduce_cpu(t, dist.ReduceOp.SUM).tolist()))
+
+
+def _device() -> torch.device:
+    """The device collectives run on: the current GPU under NCCL, the CPU under gloo."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _all_reduce_cpu(t: torch.Tensor, op) -> torch.Tensor:
+    on_device = t.to(_device())
+    dist.all_reduce(on_device, op=op)
+    return on_device.cpu()
+
+
+def broadcast_parameters(params) -> None:
+    """Copy the first process's values into every process's parameters (e.g. a freshly initialised adapter)."""
+    if world_size() > 1:
+        for p in params:
+            dist.broadcast(p.data, src=0)
+
+
+def shutdown() -> None:
+    """Tear the process group down on every process after a barrier. Leaving it to interpreter exit lets the
+    backend's threads die in arbitrary order, which can abort a process after a run that finished well."""
+    if world_size() > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def sum_gradients_across_processes(model) -> None:
     """Plain data parallelism: the global gradient is the sum of the per-process gradients."""
     if world_size() > 1 and not is_sharded(model):
@@ -57,15 +103,20 @@ def is_sharded(model) -> bool:
     return isinstance(_root(model), FSDPModule)
 
 
-def shard(model) -> None:
-    """fully_shard each decoder layer, then the root; register the log-prob method as a forward method."""
-    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+def shard(model, compute_dtype: torch.dtype = torch.float32) -> None:
+    """fully_shard each decoder layer, then the root; register the log-prob method as a forward method.
+
+    Mixed precision: the sharded parameters and the optimizer state stay fp32; FSDP casts the gathered copy
+    to `compute_dtype` for forward/backward and reduces gradients in fp32 (so small updates are not lost)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
     from minirl.policy import _token_logprobs_unsharded
     root = _root(model)
+    low = compute_dtype != torch.float32
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype if low else None, reduce_dtype=torch.float32 if low else None)
     for layer in root.get_decoder().layers:
-        fully_shard(layer)
-    fully_shard(root)
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(root, mp_policy=mp)
     root.minirl_token_logprobs = types.MethodType(_token_logprobs_unsharded, root)
     register_fsdp_forward_method(root, "minirl_token_logprobs")
 

@@ -10,6 +10,8 @@ tokens and 0 on padding. All per-token tensors are (N, T).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -22,7 +24,8 @@ def group_advantages(rewards: torch.Tensor, group_size: int, estimator: str = "g
     """Per-sequence advantages from rewards of G samples per prompt, laid out group by group.  (N,) -> (N,)
 
     - "grpo" (Shao et al. 2024, DeepSeekMath):  A_i = (r_i - mean_g) / (std_g + eps).
-      std "unbiased" (Bessel, /(G-1)) + 1e-6 is verl's convention; "population" (/G) + 1e-4 is TRL's.
+      std "unbiased" (Bessel, /(G-1)) is torch.std's default, used by verl (+ 1e-6) and TRL (+ 1e-4);
+      "population" (/G) is offered for comparison with papers that use it.
     - "dr_grpo" (Liu et al. 2025, "Understanding R1-Zero-Like Training"): A_i = r_i - mean_g, no std division,
       which removes the bias towards groups with low reward variance (too easy / too hard prompts).
     - "rloo" (Ahmadian et al. 2024): A_i = r_i - mean of the other G-1 rewards = G/(G-1) * (r_i - mean_g).
@@ -56,11 +59,15 @@ def outcome_token_rewards(scores: torch.Tensor, mask: torch.Tensor, kl: torch.Te
     return rewards
 
 
-def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
-    """Normalise x over its masked entries to mean 0 (unless shift_mean=False) and unit (unbiased) variance."""
-    n = mask.sum()
-    mean = (x * mask).sum() / n
-    var = (((x - mean) * mask) ** 2).sum() / (n - 1).clamp(min=1)
+def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8,
+           total: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> torch.Tensor:
+    """Normalise x over its masked entries to mean 0 (unless shift_mean=False) and unit (unbiased) variance.
+
+    `total` sums a tensor over the whole batch when the batch is split across processes (the trainer passes
+    distributed.all_reduce_sum), so the statistics are the global batch's, as with one process."""
+    s = total(torch.stack([(x * mask).sum(), mask.sum().to(x.dtype)]))
+    mean, n = s[0] / s[1], s[1]
+    var = total((((x - mean) * mask) ** 2).sum()) / (n - 1).clamp(min=1)
     out = (x - mean) * torch.rsqrt(var + eps)
     return out if shift_mean else out + mean
 

@@ -28,9 +28,22 @@ def resolve_model_path(name: str) -> str:
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The compute dtype: bf16 on a GPU for "auto", fp32 on a CPU."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return getattr(torch, name)
+
+
+def autocast(device: torch.device, dtype: torch.dtype):
+    """Compute matmuls in `dtype` (bf16/fp16) over fp32 weights; nothing changes for float32."""
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+
+
+def config_dtype(path: str) -> torch.dtype:
+    """The dtype a model's own config declares (what its weights were published in): the dtype to save in."""
+    from transformers import AutoConfig
+    dtype = getattr(AutoConfig.from_pretrained(adapter_base(path) or path), "dtype", None)
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype or torch.float32
 
 
 def pick_attn_implementation(name: str) -> str:
@@ -120,16 +133,18 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def _chunk_logp(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module) -> torch.Tensor:
+def _chunk_logp(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module,
+                temperature: float = 1.0) -> torch.Tensor:
     """hidden (n, H), targets (n,) -> logp (n,) fp32. Only logsumexp and the gathered logit leave here."""
-    logits = lm_head(hidden).float()                                       # (n, V)
+    logits = lm_head(hidden).float() / temperature                         # (n, V)
     return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)  # fused kernels
 
 
 @torch.no_grad()
-def _chunk_logp_entropy(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module):
+def _chunk_logp_entropy(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module,
+                        temperature: float = 1.0):
     """As _chunk_logp, plus the entropy -sum p log p (a metric: computed without a graph)."""
-    logits = lm_head(hidden).float()                                       # (n, V)
+    logits = lm_head(hidden).float() / temperature                         # (n, V)
     logz = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets[:, None]).squeeze(-1) - logz
     logits -= logz[:, None]                                                # log p, in place
@@ -141,43 +156,49 @@ MAX_CHUNK_TOKENS = 128      # and at most 128 tokens (16 MB at V=32k), still lar
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int,
-                   chunk_tokens: int | None = None, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log pi(y_t | x, y_<t) at each response position, and (with_entropy, without gradients) the entropy.
+                   temperature: float = 1.0, chunk_tokens: int | None = None, with_entropy: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi_T(y_t | x, y_<t) at each response position, and (with_entropy, without gradients) the entropy.
 
+    pi_T is the distribution the rollout sampled from: softmax(logits / temperature). Old, reference and current
+    log-probs must all use the sampling temperature, or the ratio compares another policy (verl and TRL divide
+    the logits by T the same way; top-p/top-k truncation is not modelled, as in both).
     input_ids/attention_mask: (N, P+R), prompt left-padded then response right-padded. Returns (N, R) fp32
     tensors aligned with the response tokens (values at padding are meaningless; mask them).
     """
     sharded = getattr(model, "minirl_token_logprobs", None)  # FSDP: the root's forward hooks run around it
     if sharded is not None:
-        return sharded(input_ids, attention_mask, num_response_tokens, chunk_tokens, with_entropy)
-    return _token_logprobs_unsharded(model, input_ids, attention_mask, num_response_tokens, chunk_tokens, with_entropy)
+        return sharded(input_ids, attention_mask, num_response_tokens, temperature, chunk_tokens, with_entropy)
+    return _token_logprobs_unsharded(model, input_ids, attention_mask, num_response_tokens, temperature,
+                                     chunk_tokens, with_entropy)
 
 
 @torch.no_grad()
 def batched_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int,
-                     micro_batch_size: int, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     micro_batch_size: int, temperature: float = 1.0, with_entropy: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`token_logprobs` without gradients, micro-batch by micro-batch: old log-probs (with the entropy metric)
     and the reference's log-probs.  -> (N, R), (N, R) | None"""
     parts = [token_logprobs(model, input_ids[s:s + micro_batch_size], attention_mask[s:s + micro_batch_size],
-                            num_response_tokens, with_entropy=with_entropy)
+                            num_response_tokens, temperature, with_entropy=with_entropy)
              for s in range(0, input_ids.shape[0], micro_batch_size)]
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]) if with_entropy else None
 
 
 def _token_logprobs_unsharded(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int,
-                              chunk_tokens: int | None = None, with_entropy: bool = False):
+                              temperature: float = 1.0, chunk_tokens: int | None = None, with_entropy: bool = False):
     R = num_response_tokens
     decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
     return chunked_logprobs(
         decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
                 use_cache=False).last_hidden_state[:, -R - 1:-1],          # (N, R, H): states before each token
-        input_ids[:, -R:], lm_head, chunk_tokens, with_entropy)
+        input_ids[:, -R:], lm_head, temperature, chunk_tokens, with_entropy)
 
 
 def chunked_logprobs(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module,
-                     chunk_tokens: int | None = None, with_entropy: bool = False
+                     temperature: float = 1.0, chunk_tokens: int | None = None, with_entropy: bool = False
                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log-softmax(lm_head(hidden))[targets] chunk by chunk (and the entropy, without gradients).
+    """log-softmax(lm_head(hidden) / temperature)[targets] chunk by chunk (and the entropy, without gradients).
     (N, R, H), (N, R) -> (N, R), (N, R) | None"""
     N, R, H = hidden.shape
     V = lm_head.weight.shape[0]
@@ -187,12 +208,12 @@ def chunked_logprobs(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch
     for s in range(0, N * R, chunk_tokens):
         h, y = flat_h[s:s + chunk_tokens], flat_y[s:s + chunk_tokens]
         if with_entropy:
-            lp, ent = _chunk_logp_entropy(h, y, lm_head)
+            lp, ent = _chunk_logp_entropy(h, y, lm_head, temperature)
             entropies.append(ent)
         elif torch.is_grad_enabled():  # keep only the hidden states; rebuild the chunk's logits in backward
-            lp = checkpoint(_chunk_logp, h, y, lm_head, use_reentrant=False)
+            lp = checkpoint(_chunk_logp, h, y, lm_head, temperature, use_reentrant=False)
         else:
-            lp = _chunk_logp(h, y, lm_head)
+            lp = _chunk_logp(h, y, lm_head, temperature)
         logps.append(lp)
     entropy = torch.cat(entropies).view(N, R) if with_entropy else None
     return torch.cat(logps).view(N, R), entropy

@@ -65,12 +65,11 @@ def last_boxed(text: str) -> str | None:
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     if start < 0:
         return None
-    i = text.find("{", start)
-    if i < 0:
-        return None
-    if text[start:i].strip() not in ("\\boxed", "\\fbox"):  # "\boxed 5" (no braces) form
+    braces = re.match(r"\\(?:boxed|fbox)\s*\{", text[start:])
+    if braces is None:  # "\boxed 5" (no braces) form
         m = re.match(r"\\boxed\s+(\S+)", text[start:])
         return m.group(1).rstrip("$.") if m else None
+    i = start + braces.end() - 1
     depth = 0
     for j in range(i, len(text)):
         depth += {"{": 1, "}": -1}.get(text[j], 0)

@@ -31,12 +31,13 @@ class LossSettings:
     kl_estimator: str = "k3"
     dual_clip: float | None = None
     max_new_tokens: int | None = None  # Dr. GRPO's constant normaliser (seq-mean-token-sum-norm)
+    temperature: float = 1.0           # the rollouts' sampling temperature: log-probs are those of pi_T
 
     @classmethod
     def from_config(cls, cfg) -> "LossSettings":
         kl_loss_coef = 0.0 if cfg.kl_in_reward else cfg.kl_coef  # the KL goes in one place, not both
         return cls(cfg.policy_loss, cfg.clip_low, cfg.clip_high, cfg.loss_agg_mode, kl_loss_coef,
-                   cfg.kl_estimator, cfg.dual_clip or None, cfg.max_new_tokens)
+                   cfg.kl_estimator, cfg.dual_clip or None, cfg.max_new_tokens, cfg.temperature)
 
 
 def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, micro_batch_size: int,
@@ -49,18 +50,18 @@ def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, 
     num_tokens / num_seqs: response tokens / sequences in the whole step (all processes).
     loss_scale: multiplies the loss; the trainer passes the number of processes, because data-parallel
            backends *average* gradients over processes while we want the sum over all of the step's tokens.
-    Returns metrics (verl names, without the "actor/" prefix), each a mean over the step's tokens. (The
+    Returns metrics (verl names, without the "actor/" prefix): this process's share of each step total,
+    normalised by the step's counts, so that summing them over processes gives the step's value. (The
     entropy metric comes from the sampling-time pass, `token_logprobs(..., with_entropy=True)`: computing it
     here would keep (tokens, V) tensors alive in the graph.)
     """
     R = batch["response_mask"].shape[1]
     N = batch["input_ids"].shape[0]
     sums = {"pg_loss": 0.0, "kl_loss": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0}
-    local_tokens = float(batch["response_mask"].sum())
     for s in range(0, N, micro_batch_size):
         mb = {k: v[s:s + micro_batch_size] for k, v in batch.items()}
         mask = mb["response_mask"]
-        logp, _ = token_logprobs(model, mb["input_ids"], mb["attention_mask"], R)          # (n, R)
+        logp, _ = token_logprobs(model, mb["input_ids"], mb["attention_mask"], R, loss.temperature)  # (n, R)
         pg_loss, metrics = policy_loss(logp, mb["old_logp"], mb["advantages"], mask, kind=loss.policy_loss,
                                        clip_low=loss.clip_low, clip_high=loss.clip_high, agg=loss.loss_agg_mode,
                                        dual_clip=loss.dual_clip,
@@ -73,12 +74,10 @@ def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, 
             total = total + loss.kl_coef * kl_loss
             sums["kl_loss"] += float(kl_loss.detach())
         backward(total * loss_scale)
-        n_tok = float(mask.sum())
+        share = float(mask.sum()) / max(num_tokens, 1.0)  # this micro-batch's share of the step's tokens
         sums["pg_loss"] += float(pg_loss.detach())
-        sums["pg_clipfrac"] += float(metrics["pg_clipfrac"]) * n_tok
-        sums["ppo_kl"] += float(metrics["ppo_kl"]) * n_tok
-    for k in ("pg_clipfrac", "ppo_kl"):
-        sums[k] /= max(local_tokens, 1.0)
+        sums["pg_clipfrac"] += float(metrics["pg_clipfrac"]) * share
+        sums["ppo_kl"] += float(metrics["ppo_kl"]) * share
     return sums
 
 

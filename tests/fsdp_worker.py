@@ -12,8 +12,8 @@ import train  # noqa: E402
 from minirl.distributed import gathered, is_sharded  # noqa: E402
 
 out = Path(sys.argv[1])
-# accelerate's end_training() destroys the process group; keep it for the cross-rank check below
-train.Accelerator.end_training = lambda self: None
+# train.main tears the process group down at its end; keep it for the cross-rank check below
+train.shutdown = lambda: None
 result = train.main(sys.argv[2:] + ["--output_dir", str(out)])
 policy = result["policy"]
 with gathered(policy), torch.no_grad():  # the full parameters, as this process sees them

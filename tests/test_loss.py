@@ -15,6 +15,9 @@ def t(x):
 def test_grpo_advantages_match_verl_and_trl_conventions():
     r = t([1, 0, 0, 1])
     assert torch.allclose(group_advantages(r, 4), t([1, -1, -1, 1]) * 0.866024, atol=1e-6)     # verl
+    # TRL 1.16 (GRPOTrainer, scale_rewards="group"): rewards.view(-1, G).std(dim=1) is torch's Bessel-corrected
+    # std, plus 1e-4: 0.5 / (sqrt(1/3) + 1e-4) = 0.865875
+    assert torch.allclose(group_advantages(r, 4, std="unbiased", eps=1e-4), t([1, -1, -1, 1]) * 0.865875, atol=1e-6)
     assert torch.allclose(group_advantages(r, 4, std="population", eps=1e-4), t([1, -1, -1, 1]) * 0.9998, atol=1e-4)
     assert torch.equal(group_advantages(t([1, 1, 1, 1]), 4), torch.zeros(4))
     expected = t([0.439155, -1.317464, -0.146385, 1.024694])
