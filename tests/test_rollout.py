@@ -83,3 +83,23 @@ def test_token_logprobs_match_naive_log_softmax_and_ignore_padding(random_model,
     keep = attn[row].bool()
     alone, _ = token_logprobs(random_model, ids[row:row + 1, keep], attn[row:row + 1, keep], R)
     assert torch.allclose(alone[0][m[row]], logp[row][m[row]], atol=1e-5)
+
+
+def test_logprobs_at_a_temperature_are_those_generate_sampled_from(random_model, tiny_tokenizer):
+    """At T=0.6 the trainer's log-probs of the sampled tokens equal generate's own (processed) scores."""
+    from transformers import GenerationConfig
+    enc = tiny_tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
+    torch.manual_seed(0)
+    out = random_model.generate(**enc, generation_config=GenerationConfig(
+        do_sample=True, temperature=0.6, top_k=0, top_p=1.0, max_new_tokens=6,
+        pad_token_id=tiny_tokenizer.pad_token_id, output_scores=True, return_dict_in_generate=True))
+    R = len(out.scores)
+    response = out.sequences[:, -R:]
+    expected = torch.stack([torch.log_softmax(s.float(), -1).gather(-1, response[:, t:t + 1]).squeeze(-1)
+                            for t, s in enumerate(out.scores)], dim=1)                      # (N, R)
+    mask, _ = response_mask_from_ids(response, [tiny_tokenizer.eos_token_id])
+    attn = torch.cat([enc.attention_mask, mask], dim=1)
+    logp, _ = token_logprobs(random_model, out.sequences, attn, R, temperature=0.6)
+    assert mask.sum() > 4 and torch.allclose(logp[mask == 1], expected[mask == 1], atol=1e-4)
+    at_one, _ = token_logprobs(random_model, out.sequences, attn, R)
+    assert not torch.allclose(at_one[mask == 1], expected[mask == 1], atol=1e-2)  # T=1: another policy

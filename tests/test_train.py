@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 
 from conftest import ROOT, shared_file
 
@@ -105,3 +106,24 @@ def test_code_recipe_trains_on_prepared_problems_with_the_tiny_model(tmp_path, t
                 "--output_dir", str(tmp_path / "run")])
     metrics = read_metrics(tmp_path / "run")
     assert len(metrics) == 2 and metrics[0]["critic/reward/mean"] == -1.0  # the toy model writes no code
+
+
+def test_kl_in_reward_with_grpo_folds_the_kl_into_the_sequence_rewards(random_model, tiny_tokenizer, tiny_path):
+    import torch
+    from minirl.config import ConfigError, parse_config
+    from minirl.loss import group_advantages, kl_penalty
+    from minirl.policy import load_model
+    from minirl.rollout import sample
+    cfg = parse_config(["--kl_in_reward", "true", "--kl_coef", "0.5", "--group_size", "4"])
+    ref = load_model(str(tiny_path))  # a different model than the random policy: KL > 0
+    prompts = ["<|im_start|>user\nWhat is 3+4?<|im_end|>\n<|im_start|>assistant\n"] * 2
+    torch.manual_seed(0)
+    rollout = sample(random_model, tiny_tokenizer, prompts, 4, 6)
+    rewards = torch.tensor([1.0, 0, 0, 1, 0, 0, 0, 0])
+    batch, _, m = train.prepare_batch(random_model, ref, None, rollout, rewards, cfg, torch.device("cpu"), 4)
+    kl = (kl_penalty(batch["old_logp"], batch["ref_logp"]) * batch["response_mask"]).sum(1)
+    assert torch.allclose(batch["advantages"], group_advantages(rewards - 0.5 * kl, 4), atol=1e-5)
+    assert m["actor/reward_kl_penalty"] > 0 and not torch.allclose(batch["advantages"], group_advantages(rewards, 4))
+    assert train.LossSettings.from_config(cfg).kl_coef == 0  # and none in the loss
+    with pytest.raises(ConfigError, match="kl_in_reward"):
+        parse_config(["--kl_in_reward", "true", "--kl_coef", "0"])
