@@ -159,9 +159,12 @@ def prepare_batch(policy, ref_model, critic, rollout: Rollout, rewards: torch.Te
 
 
 def update(policy, critic, optimizer, scheduler, critic_optimizer, batch: dict[str, torch.Tensor], cfg: Config,
-           loss_settings: LossSettings, mbs: int) -> dict[str, float]:
+           loss_settings: LossSettings, mbs: int, dtype: torch.dtype) -> dict[str, float]:
     """Stages 3-4 over mini-batches of whole groups, for ppo_epochs passes. Returns step metrics: losses summed
-    over processes (each process holds its share of the step's total), averaged over optimizer steps."""
+    over processes (each process holds its share of the step's total), averaged over optimizer steps.
+
+    Autocast is entered around each forward_backward and never around an optimizer step: autocast caches the
+    bf16 copy of each weight until its context exits, so a later mini-batch would otherwise run on stale weights."""
     N, device, world = batch["input_ids"].shape[0], batch["input_ids"].device, world_size()
     mini = max(N // cfg.mini_batches, cfg.group_size)
     actor, critic_rows = [], []
@@ -173,12 +176,14 @@ def update(policy, critic, optimizer, scheduler, critic_optimizer, batch: dict[s
             num_tokens, num_seqs = max(float(counts[0]), 1.0), float(counts[1])
             lr = optimizer.param_groups[0]["lr"]  # the rate this optimizer step uses
             # FSDP averages gradients over processes; the loss wants their sum (see distributed.py)
-            row = sum_over_processes(forward_backward(policy, mb, loss_settings, mbs, num_tokens, num_seqs,
-                                                      loss_scale=world if is_sharded(policy) else 1.0))
+            with autocast(device, dtype):
+                row = sum_over_processes(forward_backward(policy, mb, loss_settings, mbs, num_tokens, num_seqs,
+                                                          loss_scale=world if is_sharded(policy) else 1.0))
             sum_gradients_across_processes(policy)
             actor.append({**row, "grad_norm": optim_step(policy, optimizer, scheduler, cfg.max_grad_norm), "lr": lr})
             if critic is not None:
-                row = sum_over_processes(critic_forward_backward(critic, mb, mbs, num_tokens, cfg.value_clip))
+                with autocast(device, dtype):
+                    row = sum_over_processes(critic_forward_backward(critic, mb, mbs, num_tokens, cfg.value_clip))
                 sum_gradients_across_processes(critic)
                 critic_rows.append({**row, "grad_norm": optim_step(critic, critic_optimizer, None, cfg.max_grad_norm)})
 
@@ -251,7 +256,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, weight_decay=cfg.weight_decay,
                                          betas=(cfg.adam_beta1, cfg.adam_beta2)) if critic is not None else None
     loss_settings = LossSettings.from_config(cfg)
-    G = cfg.group_size
 
     if trackers:  # metrics.jsonl is always written; these are extra (accelerate checks they are installed)
         accelerator.init_trackers("minirl", config={k: v for k, v in vars(cfg).items()})
@@ -276,20 +280,21 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                disable=not accelerator.is_main_process, dynamic_ncols=True)
     for step in bar:
         t_step = time.perf_counter()
+        # 1-2. sample G completions per prompt, score them
         with autocast(device, dtype):
-            # 1-2. sample G completions per prompt, score them
             rollout, rows, rewards, position, m = sample_and_score(policy, tokenizer, train_rows, cfg, position,
                                                                    rank, world, judge)
-            t0 = time.perf_counter()
-            # micro-batch size: from a token budget over the widest process's batch, so all run as many passes
-            width = all_reduce_max(rollout.input_ids.shape[1])
-            mbs = max(1, int(cfg.micro_batch_tokens // width)) if cfg.micro_batch_tokens else cfg.micro_batch_size
-            # log-probs of the sampling policy (and reference, and values), advantages
+        t0 = time.perf_counter()
+        # micro-batch size: from a token budget over the widest process's batch, so all run as many passes
+        width = all_reduce_max(rollout.input_ids.shape[1])
+        mbs = max(1, int(cfg.micro_batch_tokens // width)) if cfg.micro_batch_tokens else cfg.micro_batch_size
+        # log-probs of the sampling policy (and reference, and values), advantages
+        with autocast(device, dtype):
             batch, entropy, m_batch = prepare_batch(policy, ref_model, critic, rollout, rewards, cfg, device, mbs)
-            # 3-4. forward_backward + optim_step, over mini-batches of whole groups
-            m.update(m_batch)
-            m.update(update(policy, critic, optimizer, scheduler, critic_optimizer, batch, cfg, loss_settings, mbs))
-            m["timing_s/update"] = time.perf_counter() - t0
+        # 3-4. forward_backward + optim_step, over mini-batches of whole groups
+        m.update(m_batch)
+        m.update(update(policy, critic, optimizer, scheduler, critic_optimizer, batch, cfg, loss_settings, mbs, dtype))
+        m["timing_s/update"] = time.perf_counter() - t0
 
         # --- metrics (veRL names) ---------------------------------------------------------------------
         lengths = rollout.response_mask.sum(dim=1)

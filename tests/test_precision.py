@@ -51,3 +51,31 @@ def test_bf16_lora_trains_an_fp32_adapter_over_a_bf16_base(tmp_path, bf16_model)
     assert trainable and all(p.dtype == torch.float32 for p in trainable)
     assert all(p.dtype == torch.bfloat16 for p in frozen)
     assert any(float(p.abs().sum()) > 0 for n, p in policy.named_parameters() if "lora_B" in n)  # it trained
+
+
+
+def test_bf16_later_mini_batches_see_the_updated_weights(random_model, tiny_tokenizer):
+    """autocast caches the bf16 copy of each weight until its context exits: an optimizer step inside one context
+    leaves the next mini-batch computing with the old weights. Only linear weights train here (autocast's
+    cached casts), and old log-probs are computed per mini-batch as the update sees it, so stale weights would
+    give ratio 1 exactly on the second mini-batch."""
+    from minirl.config import parse_config
+    from minirl.policy import autocast, token_logprobs
+    from minirl.rollout import sample
+    from minirl.update import LossSettings, warmup_constant_schedule
+    cfg = parse_config(["--mini_batches", "2", "--prompts_per_step", "2", "--group_size", "4", "--warmup_steps", "0"])
+    for name, p in random_model.named_parameters():
+        p.requires_grad_(name.endswith("proj.weight"))
+    torch.manual_seed(0)
+    prompts = ["<|im_start|>user\nWhat is 3+4?<|im_end|>\n<|im_start|>assistant\n"] * 2
+    r = sample(random_model, tiny_tokenizer, prompts, 4, 6)
+    R, cpu, bf16 = r.response_ids.shape[1], torch.device("cpu"), torch.bfloat16
+    batch = {"input_ids": r.input_ids, "attention_mask": r.attention_mask, "response_mask": r.response_mask,
+             "advantages": torch.tensor([1.0, -1, 1, -1, 1, -1, 1, -1])}
+    with torch.no_grad(), autocast(cpu, bf16):  # per mini-batch of 4, as forward_backward will compute them
+        batch["old_logp"] = torch.cat([token_logprobs(random_model, r.input_ids[s:s + 4], r.attention_mask[s:s + 4],
+                                                      R)[0] for s in (0, 4)])
+    optimizer = torch.optim.AdamW([p for p in random_model.parameters() if p.requires_grad], lr=1e-2)
+    m = train.update(random_model, None, optimizer, warmup_constant_schedule(optimizer, 0), None, batch, cfg,
+                     LossSettings(), 4, bf16)
+    assert abs(m["actor/ppo_kl"]) > 1e-4, m["actor/ppo_kl"]  # the 2nd mini-batch is off-policy, as it must be
