@@ -64,6 +64,14 @@ def test_two_processes_train_like_one_process_on_the_same_global_batch(tmp_path,
     assert ranks[0]["sharded"] == (setting == "fsdp")
 
 
+def test_fsdp_in_bf16_keeps_fp32_shards_and_applies_small_updates(tmp_path, tiny_path):
+    _, ranks = launch(tmp_path, "none", "--max_steps", "2", "--group_size", "4", "--prompts_per_step", "4",
+                      "--fsdp", "true", "--dtype", "bfloat16", "--lr", "1e-6", "--warmup_steps", "0",
+                      "--kl_coef", "0.05", "--val_files", "")
+    assert all(r["sharded"] and r["dtypes"] == ["torch.float32"] for r in ranks)
+    assert ranks[0]["changed"] > 0.5 and ranks[0]["all"] == ranks[1]["all"]
+
+
 def test_fsdp_checkpoint_and_final_model_reload_with_plain_transformers(tmp_path, tiny_path):
     # train.py itself, with its own teardown: it must exit 0 on both processes
     launch(tmp_path, None, *COMMON, "--fsdp", "true", "--prompts_per_step", "4", "--save_every", "2")
