@@ -32,7 +32,8 @@ def launch(out, hooks, *args, procs=2, timeout=300):
     script = [str(WORKER), str(out), hooks] if hooks else [str(ROOT / "train.py"), "--output_dir", str(out)]
     proc = subprocess.run([*prefix, *script, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    errors = [line for line in proc.stderr.splitlines() if "Error" in line or "exitcode" in line]
+    assert proc.returncode == 0, "\n".join(errors[:20]) + "\n...\n" + proc.stderr[-3000:]
     rows = [r for line in (out / "metrics.jsonl").open() if "actor/pg_loss" in (r := json.loads(line))]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(procs)] if hooks else []
     return rows, ranks
