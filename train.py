@@ -312,6 +312,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             with autocast(device, dtype):
                 m.update(validate(policy, tokenizer, val_rows, cfg, rank, world, judge))
         m["timing_s/step"] = time.perf_counter() - t_step
+        if device.type == "cuda":  # verl's perf/ names; this process's peak since the start
+            m["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
         if accelerator.is_main_process:
             with metrics_file.open("a") as f:
                 f.write(json.dumps(m) + "\n")
