@@ -22,6 +22,7 @@ import json
 import math
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -82,9 +83,10 @@ def sample_and_score(policy, tokenizer, train_rows: list[dict], cfg: Config, pos
     """Stages 1-2 for one step: B prompts from the stream, G completions each, their rewards.
 
     With DAPO's dynamic sampling, groups whose G rewards are all equal (no learning signal) are dropped and
-    further prompts sampled, for at most max_sampling_rounds rounds. Every process runs the same number of
-    rounds and keeps the same number of groups (the fewest any process has), because the update's collectives
-    (gradient sums, FSDP's gathers) need the same number of passes everywhere.
+    further prompts sampled, for at most max_sampling_rounds rounds, until every process has B groups. Every
+    process runs the same number of rounds and trains the same number of groups (the most any process kept),
+    because the update's collectives (gradient sums, FSDP's gathers) need as many passes everywhere: a process
+    that kept fewer adds padding groups, copies with an empty response mask (no token, no loss, no gradient).
     Returns (rollout, rows, rewards (N,), new position in the prompt stream, metrics).
     """
     B, G = cfg.prompts_per_step, cfg.group_size
@@ -100,28 +102,32 @@ def sample_and_score(policy, tokenizer, train_rows: list[dict], cfg: Config, pos
 
     parts, kept_rows, kept_rewards, rounds = [], [], [], 1
     while True:
-        keep = [g for g in range(B) if rewards[g * G:(g + 1) * G].std() > 0]
+        keep = [g for g in range(B) if rewards[g * G:(g + 1) * G].std() > 0][:B - len(kept_rows)]
         parts.append(select_groups(rollout, keep))
         kept_rows += [rows[g] for g in keep]
         kept_rewards.append(rewards.view(B, G)[keep].reshape(-1))
-        groups = int(all_reduce_min(min(len(kept_rows), B)))  # groups that every process can train
-        if groups == B or rounds >= cfg.max_sampling_rounds:
+        if all_reduce_min(len(kept_rows)) == B or rounds >= cfg.max_sampling_rounds:
             break
         rows, position = next_prompts(position)
         rollout, rewards, m = sample_round(policy, tokenizer, rows, cfg, judge)
         metrics = {k: metrics[k] + m[k] for k in metrics}
         rounds += 1
-    dropped = rounds * B - len(kept_rows)
-    if groups > 0:
-        rollout = select_groups(concat_rollouts(parts, tokenizer.pad_token_id), list(range(groups)))
-        rows, rewards = kept_rows[:groups], torch.cat(kept_rewards)[:groups * G]
-    # else: some process kept no group in any round; all train on their last round (uniform groups: advantage 0)
-    metrics.update({"batch/sampling_rounds": rounds, "batch/groups_dropped": dropped, "batch/groups": len(rows)})
-    return rollout, rows, rewards, position, metrics
+    kept = len(kept_rows)
+    padding = max(int(all_reduce_max(kept)), 1) - kept
+    if padding:
+        filler = select_groups(rollout, [0] * padding)
+        parts.append(replace(filler, response_mask=torch.zeros_like(filler.response_mask),
+                             truncated=torch.zeros_like(filler.truncated)))
+        kept_rows += [rows[0]] * padding
+        kept_rewards.append(torch.zeros(padding * G))
+    rollout, rewards = concat_rollouts(parts, tokenizer.pad_token_id), torch.cat(kept_rewards)
+    metrics.update(sum_over_processes({"batch/groups": kept, "batch/groups_dropped": rounds * B - kept}))
+    metrics["batch/sampling_rounds"] = rounds
+    return rollout, kept_rows, rewards, position, metrics
 
 
 def stats(name: str, x: torch.Tensor) -> dict[str, float]:
-    x = x.float()
+    x = x.float() if x.numel() else torch.full((1,), float("nan"))
     return {f"{name}/mean": float(x.mean()), f"{name}/max": float(x.max()), f"{name}/min": float(x.min())}
 
 
@@ -147,7 +153,8 @@ def prepare_batch(policy, ref_model, critic, rollout: Rollout, rewards: torch.Te
     if cfg.algorithm == "grpo":
         if kl is not None:  # verl's use_kl_in_reward: the sequence's reward is its score minus beta * sum_t KL_t
             rewards = rewards - cfg.kl_coef * kl.sum(1)
-            metrics["actor/reward_kl_penalty"] = float(kl.sum() / batch["response_mask"].sum().clamp(min=1))
+            total = all_reduce_sum(torch.stack([kl.sum(), batch["response_mask"].sum().float()]))
+            metrics["actor/reward_kl_penalty"] = float(total[0] / total[1].clamp(min=1))  # per token, all processes
         batch["advantages"] = group_advantages(rewards, G, cfg.adv_estimator, cfg.adv_std, cfg.adv_eps)  # (N,)
     else:  # PPO: GAE on the critic's values, whitened over the whole step (all processes), as one process would
         batch["old_values"] = critic_values(critic, ids, attn, R, mbs)
@@ -297,14 +304,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         m["timing_s/update"] = time.perf_counter() - t0
 
         # --- metrics (veRL names) ---------------------------------------------------------------------
-        lengths = rollout.response_mask.sum(dim=1)
+        lengths = rollout.response_mask.sum(dim=1)  # 0 only for dynamic sampling's padding groups
         adv_seq = batch["advantages"] if batch["advantages"].dim() == 1 else \
             (batch["advantages"] * batch["response_mask"]).sum(1) / batch["response_mask"].sum(1).clamp(min=1)
-        g_rewards, g_adv, g_len, g_trunc = accelerator.gather(
-            (rewards.to(device), adv_seq, lengths.to(device).float(), rollout.truncated.to(device).float()))
+        gathered_rows = accelerator.gather((rewards.to(device), adv_seq, lengths.to(device).float(),
+                                            rollout.truncated.to(device).float()))
+        g_rewards, g_adv, g_len, g_trunc = (x[gathered_rows[2] > 0] for x in gathered_rows)
         m.update({"training/global_step": step + 1, **stats("critic/reward", g_rewards),
                   **stats("critic/advantages", g_adv), **stats("response_length", g_len),
-                  "response_length/clip_ratio": float(g_trunc.mean())})
+                  "response_length/clip_ratio": float(g_trunc.mean()) if g_trunc.numel() else float("nan")})
         ent = all_reduce_sum(torch.stack([(entropy * batch["response_mask"]).sum(),
                                           batch["response_mask"].sum().float()]))
         m["actor/entropy"] = float(ent[0] / ent[1].clamp(min=1))  # of the sampling policy, per response token
@@ -336,7 +344,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         checkpoint.save_model(policy, out_dir, save_dtype, model_state)
         tokenizer.save_pretrained(out_dir)
         if cfg.lora_rank > 0 and cfg.save_merged:  # a plain model that AutoModelForCausalLM loads
-            checkpoint.save_model(policy.merge_and_unload(), out_dir / "merged", save_dtype)
+            checkpoint.save_merged(policy, path, out_dir / "merged", save_dtype)
             tokenizer.save_pretrained(out_dir / "merged")
         summary = {"before": before, "after": after, "steps": cfg.max_steps}
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))

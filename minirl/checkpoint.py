@@ -162,6 +162,17 @@ def save_model(model, folder: str | Path, dtype: torch.dtype, state_dict: dict |
     model.save_pretrained(folder, state_dict=state)
 
 
+def save_merged(model, base_path: str, folder: str | Path, dtype: torch.dtype) -> None:
+    """A LoRA policy as one plain model that AutoModelForCausalLM loads. The delta is merged into an fp32 copy of
+    the base read from its own files: merged into the bf16 base used for compute, most of it would round away."""
+    from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+
+    from minirl.policy import load_model
+    peft_model = get_peft_model(load_model(base_path, torch.float32), model.peft_config["default"])
+    set_peft_model_state_dict(peft_model, get_peft_model_state_dict(model))
+    save_model(peft_model.merge_and_unload(), folder, dtype)
+
+
 def load_weights(model, folder: Path) -> None:
     """Load saved weights (full model or LoRA adapter) into an existing model, in place."""
     from safetensors.torch import load_file

@@ -21,7 +21,7 @@ from typing import Any, Literal
 class Config:
     # --- model ---------------------------------------------------------------------------------------------
     model_name_or_path: str = "tiny"      # a folder `from_pretrained` reads; "tiny" builds the built-in toy model
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # compute dtype (weights stay fp32); auto: bf16 on GPU, fp32 on CPU
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # compute dtype (weights stay fp32); auto: bf16 on GPU, fp32 on CPU; float16 is refused (no loss scaling)
     save_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # final model's dtype; auto: as its config says
     attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = "auto"  # auto: flash-attn if importable, else sdpa
     gradient_checkpointing: bool = False  # recompute activations in backward; generation still uses the KV cache
@@ -29,7 +29,7 @@ class Config:
     load_in_bits: Literal[0, 4, 8] = 0    # 4/8-bit base weights via bitsandbytes (CUDA only; needs lora_rank > 0)
     lora_rank: int = 0                    # > 0: train a LoRA adapter (peft) instead of all weights
     lora_alpha: int = 32                  # LoRA scaling numerator (scale = alpha / rank)
-    lora_dropout: float = 0.0
+    lora_dropout: float = 0.0             # must be 0 for RL (see validate)
     lora_target_modules: str = "all-linear"  # peft's "all-linear", or comma-separated names (q_proj,v_proj)
     save_merged: bool = False             # with LoRA, also save the merged model to <output_dir>/merged
     # --- data ----------------------------------------------------------------------------------------------
@@ -178,8 +178,15 @@ def validate(cfg: Config) -> None:
     if cfg.fsdp and (cfg.lora_rank or cfg.load_in_bits):
         raise ConfigError("config key 'fsdp' supports full fine-tuning only in this version; for LoRA use plain "
                           "data parallelism (fsdp: false): a LoRA policy's trainable weights are small")
-    if cfg.lora_rank < 0 or cfg.lora_alpha < 1 or not 0 <= cfg.lora_dropout < 1:
-        raise ConfigError("config keys 'lora_rank' must be >= 0, 'lora_alpha' >= 1 and 'lora_dropout' in [0, 1)")
+    if cfg.lora_rank < 0 or cfg.lora_alpha < 1:
+        raise ConfigError("config keys 'lora_rank' must be >= 0 and 'lora_alpha' >= 1")
+    if cfg.lora_dropout != 0:
+        raise ConfigError("config key 'lora_dropout' must be 0 for RL: generation runs without dropout, so with it the "
+                          "trained policy is not the one that sampled (the PPO ratio is not 1 on-policy); TRL's GRPO "
+                          "disables dropout for the same reason")
+    if cfg.dtype == "float16":
+        raise ConfigError("config key 'dtype': float16 needs loss scaling, which minirl does not do (small gradients "
+                          "underflow to 0); use bfloat16 (A100, H100, recent CPUs) or float32 (V100, T4)")
     for key in ["lr", "kl_coef", "clip_low", "clip_high", "max_grad_norm", "adv_eps", "weight_decay", "critic_lr",
                 "value_clip", "overlong_buffer", "overlong_penalty"]:
         if getattr(cfg, key) < 0:

@@ -66,7 +66,8 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: fl
     `total` sums a tensor over the whole batch when the batch is split across processes (the trainer passes
     distributed.all_reduce_sum), so the statistics are the global batch's, as with one process."""
     s = total(torch.stack([(x * mask).sum(), mask.sum().to(x.dtype)]))
-    mean, n = s[0] / s[1], s[1]
+    n = s[1].clamp(min=1)  # no token at all (e.g. every response masked): everything is 0
+    mean = s[0] / n
     var = total((((x - mean) * mask) ** 2).sum()) / (n - 1).clamp(min=1)
     out = (x - mean) * torch.rsqrt(var + eps)
     return out if shift_mean else out + mean

@@ -31,6 +31,9 @@ def test_bad_choice_lists_valid_choices():
     (["--micro_batch_size", "0"], "'micro_batch_size' must be >= 1"),
     (["--mini_batches", "3"], "'mini_batches'"),
     (["--lr"], "has no value"),
+    (["--dtype", "float16"], "loss scaling"),                       # fp16 gradients underflow without it
+    (["--lora_rank", "8", "--lora_dropout", "0.1"], "'lora_dropout' must be 0"),  # ratio != 1 on-policy
+    (["--kl_in_reward", "true"], "'kl_in_reward' needs 'kl_coef'"),
 ])
 def test_bad_values_are_errors_naming_the_key(args, match):
     with pytest.raises(ConfigError, match=match):

@@ -87,6 +87,27 @@ def test_gae_values_and_whitening():
     assert torch.allclose(w, t([[0.991344, 0.017092, -1.008436]]), atol=1e-5)
 
 
+def test_whitening_with_no_token_left_is_zero_not_nan():
+    """mask_truncated can mask every response of a step: nothing to normalise, nothing to train."""
+    w = whiten(t([[0.3, -0.2], [0.1, 0.0]]), t([[0, 0], [0, 0]]))
+    assert torch.isfinite(w).all() and (w * 0 == 0).all()
+
+
+def test_whitening_with_a_global_total_uses_the_whole_batch_statistics():
+    """Two "processes" hold half the batch each; `total` returns the sum over both, as all_reduce_sum does."""
+    x, m = t([[1.0, 2.0, 0.0], [4.0, 0.0, 0.0]]), t([[1, 1, 0], [1, 0, 0]])
+    full = whiten(x, m)
+    halves = [(x[:1], m[:1]), (x[1:], m[1:])]
+    # what whiten asks `total` for, summed over both halves: [sum of x, count], then the sum of squared deviations
+    first = sum(torch.stack([(xi * mi).sum(), mi.sum()]) for xi, mi in halves)
+    second = sum((((xi - first[0] / first[1]) * mi) ** 2).sum() for xi, mi in halves)
+    for i, (xi, mi) in enumerate(halves):
+        answers = iter([first, second])
+        out = whiten(xi, mi, total=lambda s: next(answers))  # noqa: B023
+        assert torch.allclose(out * mi, full[i:i + 1] * mi, atol=1e-6)
+    assert not torch.allclose(whiten(*halves[0]) * m[:1], full[:1] * m[:1], atol=1e-3)  # local stats differ
+
+
 def test_gae_skips_padding():
     """A padded position neither gets an advantage nor breaks the recursion across it."""
     adv_pad, _ = gae(t([[0, 0, 1, 0]]), t([[0.5, 0.6, 0.7, 9.0]]), t([[1, 1, 1, 0]]), 1.0, 0.95)

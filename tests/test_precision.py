@@ -79,3 +79,22 @@ def test_bf16_later_mini_batches_see_the_updated_weights(random_model, tiny_toke
     m = train.update(random_model, None, optimizer, warmup_constant_schedule(optimizer, 0), None, batch, cfg,
                      LossSettings(), 4, bf16)
     assert abs(m["actor/ppo_kl"]) > 1e-4, m["actor/ppo_kl"]  # the 2nd mini-batch is off-policy, as it must be
+
+
+def test_merged_lora_export_keeps_the_whole_update(tmp_path, bf16_model):
+    """The merged model equals base + adapter computed in fp32 (a merge into the bf16 compute copy of the base
+    lost most of the delta)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    train.main(ARGS + ["--model_name_or_path", str(bf16_model), "--output_dir", str(tmp_path), "--lora_rank", "4",
+                       "--lr", "1e-4", "--save_merged", "true", "--save_dtype", "float32"])
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    base = AutoModelForCausalLM.from_pretrained(bf16_model, dtype=torch.float32)
+    adapted = PeftModel.from_pretrained(base, tmp_path)
+    merged_w = dict(merged.named_parameters())
+    for name, module in adapted.named_modules():
+        if hasattr(module, "get_delta_weight") and "default" in getattr(module, "lora_A", {}):
+            key = name.replace("base_model.model.", "") + ".weight"
+            expected = module.base_layer.weight + module.get_delta_weight("default")
+            delta = module.get_delta_weight("default").abs().max()
+            assert delta > 0 and torch.allclose(merged_w[key], expected, atol=float(delta) * 1e-3), key
