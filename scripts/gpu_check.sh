@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python}
-OUT=${OUT:-runs/gpu_check}
+RUN_DIR=${RUN_DIR:-runs/gpu_check}
 STEPS=${STEPS:-5}
 $PY -c "import torch; assert torch.cuda.is_available(), 'gpu_check.sh needs a CUDA GPU'"
 if [ -z "${MODEL:-}" ]; then
@@ -16,10 +16,10 @@ fi
 COMMON=(--model_name_or_path "$MODEL" --train_files data/arith_train.jsonl --val_files "" --dtype bfloat16
         --prompts_per_step 32 --group_size 8 --max_new_tokens 256 --micro_batch_size 32 --max_steps "$STEPS"
         --kl_coef 0.001)
-rm -rf "$OUT"
-$PY train.py "${COMMON[@]}" --gradient_checkpointing true --lora_rank 16 --lora_alpha 32 --lr 2e-5 --output_dir "$OUT/lora"
-$PY train.py "${COMMON[@]}" --lr 1e-6 --output_dir "$OUT/full"
-$PY - "$OUT" <<'PYEOF'
+rm -rf "$RUN_DIR"
+$PY train.py "${COMMON[@]}" --gradient_checkpointing true --lora_rank 16 --lora_alpha 32 --lr 2e-5 --output_dir "$RUN_DIR/lora"
+$PY train.py "${COMMON[@]}" --lr 1e-6 --output_dir "$RUN_DIR/full"
+$PY - "$RUN_DIR" <<'PYEOF'
 import json, sys
 for run in ("lora", "full"):
     rows = [r for r in map(json.loads, open(f"{sys.argv[1]}/{run}/metrics.jsonl")) if "critic/reward/mean" in r][1:]
