@@ -62,23 +62,6 @@ def checksum(params) -> float:
     return float(sum(p.detach().double().sum() * (i + 1) for i, p in enumerate(params)))
 
 
-def changed_fraction(policy, args: list[str]) -> float | None:
-    """Fraction of the starting weights' elements that training changed (full fp32 weights, FSDP or not), on
-    process 0 (None elsewhere: FSDP gathers the full state there)."""
-    from safetensors.torch import load_file
-
-    from minirl.distributed import full_state_dict
-    from minirl.policy import resolve_model_path
-    name = args[args.index("--model_name_or_path") + 1] if "--model_name_or_path" in args else "tiny"
-    start = load_file(str(Path(resolve_model_path(name)) / "model.safetensors"))
-    state = full_state_dict(policy) or policy.state_dict()  # collective under FSDP
-    if rank() != 0:
-        return None
-    keys = [k for k in start if k in state]
-    changed = sum(int((state[k].float().cpu() != start[k].float()).sum()) for k in keys)
-    return changed / max(sum(start[k].numel() for k in keys), 1)
-
-
 def run(out: Path, hooks: str, args: list[str]) -> dict:
     group_size = int(args[args.index("--group_size") + 1]) if "--group_size" in args else 8
     install_hooks(set(hooks.split(",")) - {"none"}, group_size)
@@ -87,12 +70,10 @@ def run(out: Path, hooks: str, args: list[str]) -> dict:
     train.Accelerator.end_training = lambda self: None
     result = train.main(args + ["--output_dir", str(out)])
     policy = result["policy"]
-    info = {"sharded": is_sharded(policy), "world": world_size(),
-            "dtypes": sorted({str(p.dtype) for p in policy.parameters() if p.requires_grad}),  # as stored (shards)
-            "changed": changed_fraction(policy, args)}
     with gathered(policy), torch.no_grad():  # full parameters, as this process sees them
-        info.update(trainable=checksum(p for p in policy.parameters() if p.requires_grad),
-                    all=checksum(policy.parameters()))
+        info = {"sharded": is_sharded(policy), "world": world_size(),
+                "trainable": checksum(p for p in policy.parameters() if p.requires_grad),
+                "all": checksum(policy.parameters())}
     (out / f"rank{rank()}.json").write_text(json.dumps(info))
     if world_size() > 1:
         import torch.distributed as dist
