@@ -30,7 +30,8 @@ from accelerate import Accelerator
 from tqdm import tqdm
 
 from minirl import checkpoint
-from minirl.config import Config, parse_config
+from minirl.cli import exit_on_user_error
+from minirl.config import Config, ConfigError, parse_config
 from minirl.data import load_rows, prompt_indices, prompt_text
 from minirl.distributed import (all_reduce_max, all_reduce_min, all_reduce_sum, broadcast_parameters,
                                 full_state_dict, gathered, is_sharded, shard, shutdown, sum_gradients_across_processes,
@@ -54,7 +55,8 @@ def validate(model, tokenizer, rows: list[dict], cfg: Config, rank: int, world: 
     with gathered(model):
         records = evaluate(model, tokenizer, rows[rank::world], n=1 if cfg.val_greedy else cfg.group_size,
                            greedy=cfg.val_greedy, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                           judge=judge, code_style=cfg.code_reward_style)
+                           judge=judge, code_style=cfg.code_reward_style,
+                           extraction=cfg.answer_extraction)
     sources = sorted({r["data_source"] for r in rows})
     sums = torch.tensor([[sum(r["reward"] for r in records if r["data_source"] == s),
                           sum(1 for r in records if r["data_source"] == s)] for s in sources], dtype=torch.float64)
@@ -70,8 +72,8 @@ def sample_round(policy, tokenizer, rows: list[dict], cfg: Config, judge=None) -
         rollout = sample(policy, tokenizer, [prompt_text(r, tokenizer) for r in rows], G, cfg.max_new_tokens,
                          cfg.temperature, cfg.top_p, cfg.top_k)
     t1 = time.perf_counter()
-    rewards = torch.tensor(score(rollout.texts, [r for r in rows for _ in range(G)], judge, cfg.code_reward_style),
-                           dtype=torch.float32)
+    rewards = torch.tensor(score(rollout.texts, [r for r in rows for _ in range(G)], judge, cfg.code_reward_style,
+                                 cfg.answer_extraction), dtype=torch.float32)
     if cfg.overlong_buffer:  # DAPO's soft overlong punishment
         rewards += torch.tensor(overlong_penalty(rollout.response_mask.sum(1).tolist(), cfg.max_new_tokens,
                                                  cfg.overlong_buffer, cfg.overlong_penalty))
@@ -251,7 +253,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         accelerator.print(f"dropped {n_rows - len(train_rows)} of {n_rows} prompts longer than "
                           f"max_prompt_length={cfg.max_prompt_length}")
     if not train_rows:
-        raise SystemExit(f"no training prompts fit max_prompt_length={cfg.max_prompt_length}")
+        raise ConfigError(f"config key 'max_prompt_length': no training prompt fits in {cfg.max_prompt_length} "
+                          "tokens; raise it")
     val_rows = load_rows(cfg.val_files, split="test", limit=cfg.val_max_samples) if cfg.val_files else []
     # one sandboxed judge pool for the whole run, only when there are code problems
     judge = Judge(cfg.judge_workers or None) if any(is_code(r) for r in train_rows + val_rows) else None
@@ -358,4 +361,4 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main()
+    exit_on_user_error(main)

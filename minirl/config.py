@@ -38,6 +38,8 @@ class Config:
     val_max_samples: int = 200            # cap on held-out rows scored (0 = all)
     max_prompt_length: int = 512          # prompts longer than this (in tokens) are dropped, with a count printed
     code_reward_style: Literal["codefu", "binary"] = "codefu"  # rows with ability "code", see rewards.py
+    answer_extraction: Literal["strict", "flexible"] = "strict"  # GSM8K-style rows: the number after '####',
+                                          # or the last number anywhere (veRL's two methods; rewards.py)
     judge_workers: int = 0                # parallel sandboxed programs for code rewards (0 = all cores)
     # --- rollout -------------------------------------------------------------------------------------------
     prompts_per_step: int = 16            # B: prompts per training step (per process)
@@ -187,6 +189,10 @@ def validate(cfg: Config) -> None:
     if cfg.dtype == "float16":
         raise ConfigError("config key 'dtype': float16 needs loss scaling, which minirl does not do (small gradients "
                           "underflow to 0); use bfloat16 (A100, H100, recent CPUs) or float32 (V100, T4)")
+    for key in ["max_steps", "val_max_samples", "val_every", "save_every", "keep_last", "warmup_steps",
+                "micro_batch_tokens", "judge_workers"]:  # counts: 0 means "off" or "all", negative means nothing
+        if getattr(cfg, key) < 0:
+            raise ConfigError(f"config key '{key}' must be >= 0, got {getattr(cfg, key)}")
     for key in ["lr", "kl_coef", "clip_low", "clip_high", "max_grad_norm", "adv_eps", "weight_decay", "critic_lr",
                 "value_clip", "overlong_buffer", "overlong_penalty"]:
         if getattr(cfg, key) < 0:

@@ -10,21 +10,38 @@ Shapes: N sequences, P prompt tokens (left-padded), R response tokens (right-pad
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from minirl.config import ConfigError
+
+
+class ModelNotFoundError(ConfigError, FileNotFoundError):
+    """model_name_or_path names no folder (and no hub model can be fetched): a user error, not a bug."""
+
 
 def resolve_model_path(name: str) -> str:
-    """"tiny" -> the built-in toy model (built once, cached); anything else is passed to from_pretrained."""
+    """"tiny" -> the built-in toy model, "smollm2-135m" -> SmolLM2-135M-Instruct converted from its PyPI wheel
+    (each built once, cached); anything else is passed to from_pretrained."""
     if name == "tiny":
         from minirl.tiny import tiny_model_path
         return str(tiny_model_path())
-    if name.startswith((".", "/", "~")) and not Path(name).expanduser().exists():
-        raise FileNotFoundError(f"model_name_or_path {name!r} does not exist; pass a folder written by "
-                                "save_pretrained, or 'tiny' for the built-in toy model")
-    return str(Path(name).expanduser()) if Path(name).expanduser().exists() else name
+    if name == "smollm2-135m":
+        from minirl.smollm2 import smollm2_path
+        try:
+            return str(smollm2_path())
+        except FileNotFoundError as e:
+            raise ModelNotFoundError(str(e)) from None
+    path = Path(name).expanduser()
+    # offline, a name that is no folder cannot be a hub model either: say so instead of a hub traceback
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+    if not path.exists() and (name.startswith((".", "/", "~")) or offline):
+        raise ModelNotFoundError(f"model_name_or_path {name!r} does not exist; pass a folder written by "
+                                 "save_pretrained, 'tiny' for the built-in toy model or 'smollm2-135m'")
+    return str(path) if path.exists() else name
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:

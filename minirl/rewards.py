@@ -1,6 +1,7 @@
 """Verifiable rewards: a completion and a ground truth in, a number out. Training and evaluation share them.
 
-    gsm8k_reward(completion, answer)  -> 1.0 / 0.0   last "#### N" vs the gold number
+    gsm8k_reward(completion, answer)  -> 1.0 / 0.0   last "#### N" vs the gold number ("strict"; or the
+                                                     last number anywhere, "flexible", as veRL offers)
     math_reward(completion, answer)   -> 1.0 / 0.0   last \\boxed{...} vs the gold answer, checked for
                                                      mathematical equivalence with `math-verify`
     code_reward(completion, problem, judge, style)  last fenced code block run against the problem's tests
@@ -28,12 +29,21 @@ from decimal import Decimal, InvalidOperation
 from typing import Callable
 
 _GSM8K_ANSWER = re.compile(r"####\s*\$?\s*(-?[\d,]*\.?\d+)")
+_NUMBER = re.compile(r"-?[\d,]*\.?\d+")
 
 
 # --- GSM8K ---------------------------------------------------------------------------------------------------
 
-def extract_gsm8k_answer(text: str) -> str | None:
-    """The number after the last '####' with commas and '$' removed, or None."""
+def extract_gsm8k_answer(text: str, method: str = "strict") -> str | None:
+    """The answer number with commas removed, or None. The two methods are veRL's (gsm8k.extract_solution):
+    "strict": the number after the last '####' (the format the prompt asks for);
+    "flexible": the last number anywhere ("7 + 8 = 15." -> "15"), for models that answer in prose.
+    """
+    if method == "flexible":
+        numbers = _NUMBER.findall(text)
+        return numbers[-1].replace(",", "") if numbers else None
+    if method != "strict":
+        raise ValueError(f"unknown answer extraction {method!r}; use strict or flexible")
     matches = _GSM8K_ANSWER.findall(text)
     return matches[-1].replace(",", "") if matches else None
 
@@ -45,12 +55,13 @@ def _as_number(s: str) -> Decimal | None:
         return None
 
 
-def gsm8k_reward(completion: str, answer: str) -> float:
-    """1.0 if the last '#### N' in the completion equals the gold number (72 == 72.00 == 72.0, '1,000' == 1000).
+def gsm8k_reward(completion: str, answer: str, method: str = "strict") -> float:
+    """1.0 if the last '#### N' in the completion equals the gold number (72 == 72.00 == 72.0, '1,000' == 1000);
+    with method "flexible", the last number in the completion.
 
     `answer` may be the bare gold number or a full GSM8K solution ending in '#### N'.
     """
-    pred = extract_gsm8k_answer(completion)
+    pred = extract_gsm8k_answer(completion, method)
     gold = extract_gsm8k_answer(answer) if "####" in answer else answer
     if pred is None:
         return 0.0
@@ -197,17 +208,21 @@ def is_code(row: dict) -> bool:
     return row.get("ability") == "code"
 
 
-def extract_answer(text: str, row: dict) -> str | None:
-    """What the reward looks at: the code block, the '#### N' number, or the last \\boxed{} content."""
+def extract_answer(text: str, row: dict, extraction: str = "strict") -> str | None:
+    """What the reward looks at: the code block, the '#### N' (or last) number, or the last \\boxed{} content."""
     if is_code(row):
         return extract_code(text, as_problem(row["reward_model"]["ground_truth"]).get("language", "python"))
-    return extract_gsm8k_answer(text) if reward_fn_for(row["data_source"]) is gsm8k_reward else last_boxed(text)
+    if reward_fn_for(row["data_source"]) is gsm8k_reward:
+        return extract_gsm8k_answer(text, extraction)
+    return last_boxed(text)
 
 
-def score_details(completions: list[str], rows: list[dict], judge=None, code_style: str = "codefu") -> list[dict]:
+def score_details(completions: list[str], rows: list[dict], judge=None, code_style: str = "codefu",
+                  extraction: str = "strict") -> list[dict]:
     """reward and extracted answer per completion, plus verdict and tests_passed for code. Code rows go to the
-    judge together, so their programs run in parallel."""
-    out = [{"answer": extract_answer(text, row)} for text, row in zip(completions, rows, strict=True)]
+    judge together, so their programs run in parallel. `extraction` ("strict"/"flexible") applies to
+    GSM8K-style rows (see extract_gsm8k_answer)."""
+    out = [{"answer": extract_answer(text, row, extraction)} for text, row in zip(completions, rows, strict=True)]
     code = [i for i, row in enumerate(rows) if is_code(row)]
     if code:
         if judge is None:
@@ -219,10 +234,12 @@ def score_details(completions: list[str], rows: list[dict], judge=None, code_sty
                           tests_passed=res.passed if res else 0)
     for i, (text, row) in enumerate(zip(completions, rows)):
         if not is_code(row):
-            out[i]["reward"] = reward_fn_for(row["data_source"])(text, str(row["reward_model"]["ground_truth"]))
+            fn, gold = reward_fn_for(row["data_source"]), str(row["reward_model"]["ground_truth"])
+            out[i]["reward"] = fn(text, gold, extraction) if fn is gsm8k_reward else fn(text, gold)
     return out
 
 
-def score(completions: list[str], rows: list[dict], judge=None, code_style: str = "codefu") -> list[float]:
+def score(completions: list[str], rows: list[dict], judge=None, code_style: str = "codefu",
+          extraction: str = "strict") -> list[float]:
     """The reward stage of a training step: one float per completion, `rows[i]` being its problem."""
-    return [d["reward"] for d in score_details(completions, rows, judge, code_style)]
+    return [d["reward"] for d in score_details(completions, rows, judge, code_style, extraction)]

@@ -11,6 +11,7 @@ prompt i), P prompt tokens (left-padded), R <= max_new_tokens response tokens (r
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -52,6 +53,18 @@ def eos_token_ids(tokenizer, model) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
+def cap_new_tokens(model, prompt_tokens: int, max_new_tokens: int) -> int:
+    """max_new_tokens, lowered so that prompt + response fit the model's context (max_position_embeddings).
+    Beyond it a model's positions are untrained (and generate warns on every call); we warn once per setting."""
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if context is None or prompt_tokens + max_new_tokens <= context:
+        return max_new_tokens
+    # a constant message: Python's default warning filter then shows it once, not once per batch
+    warnings.warn(f"max_new_tokens={max_new_tokens} plus the prompt exceeds the model's context of {context} "
+                  f"tokens; responses are capped at {context} minus the prompt's length", stacklevel=3)
+    return max(context - prompt_tokens, 1)
+
+
 @torch.no_grad()
 def sample(model, tokenizer, prompts: list[str], group_size: int, max_new_tokens: int,
            temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False) -> Rollout:
@@ -63,12 +76,15 @@ def sample(model, tokenizer, prompts: list[str], group_size: int, max_new_tokens
     eos_ids = eos_token_ids(tokenizer, model)
     # generate() fills every field we leave unset (None) from the model's generation_config, then from HF's
     # global defaults (top_k=50!). So start from those global defaults and set every sampling field ourselves.
+    # The length is set once, by max_new_tokens (min_length stays the no-op default 0): setting both
+    # min_new_tokens and min_length made transformers warn on every call. Greedy decoding keeps the defaults
+    # of the sampling fields, which it ignores (a non-default top_k would draw an "ignored flag" warning).
     fields = {k: v for k, v in GenerationConfig._get_default_generation_params().items() if k != "max_length"}
-    fields.update(
-        do_sample=not greedy, temperature=1.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
-        top_k=0 if greedy else top_k, max_new_tokens=max_new_tokens, min_new_tokens=0,
-        num_return_sequences=group_size, use_cache=True, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=eos_ids)
+    fields.update(do_sample=not greedy, max_new_tokens=cap_new_tokens(model, enc.input_ids.shape[1], max_new_tokens),
+                  num_return_sequences=group_size, use_cache=True, pad_token_id=tokenizer.pad_token_id,
+                  eos_token_id=eos_ids)
+    if not greedy:
+        fields.update(temperature=temperature, top_p=top_p, top_k=top_k)
     gen_config = GenerationConfig(**fields)
     was_training = model.training
     model.eval()  # dropout off; gradient checkpointing is a training-mode feature, so the KV cache stays on

@@ -76,3 +76,17 @@ def test_reward_dispatch_by_data_source():
     rows = [{"data_source": GSM8K_SOURCE, "reward_model": {"ground_truth": "3"}},
             {"data_source": "math500", "reward_model": {"ground_truth": "3"}}]
     assert score(["#### 3", r"\boxed{4}"], rows) == [1.0, 0.0]
+
+
+def test_flexible_extraction_takes_the_last_number_strict_needs_the_marker():
+    from minirl.rewards import extract_gsm8k_answer, gsm8k_reward, score
+    prose = "7 + 8 = 15."
+    assert extract_gsm8k_answer(prose) is None and extract_gsm8k_answer(prose, "flexible") == "15"
+    assert gsm8k_reward(prose, "15") == 0.0 and gsm8k_reward(prose, "15", "flexible") == 1.0
+    assert gsm8k_reward("It costs $1,250.00 in total", "1250", "flexible") == 1.0
+    assert gsm8k_reward("#### 15 but then 16", "15", "strict") == 1.0      # strict: the marker wins
+    assert gsm8k_reward("#### 15 but then 16", "15", "flexible") == 0.0    # flexible: the last number
+    row = {"data_source": "openai/gsm8k", "reward_model": {"ground_truth": "15"}}
+    assert score([prose, "no number"], [row, row], extraction="flexible") == [1.0, 0.0]
+    with pytest.raises(ValueError, match="strict or flexible"):
+        extract_gsm8k_answer(prose, "loose")
