@@ -196,7 +196,7 @@ def overlong_penalty(lengths: list[int], max_new_tokens: int, buffer: int, penal
 def reward_fn_for(data_source: str) -> Callable[[str, str], float]:
     """The reward function for a dataset, by its veRL `data_source` name."""
     src = data_source.lower()
-    if "gsm8k" in src or src == "toy_arithmetic":
+    if "gsm8k" in src or src in ("toy_arithmetic", "arithmetic"):  # arithmetic: scripts/make_sums_data.py
         return gsm8k_reward
     if any(k in src for k in ("math", "aime", "amc", "simplerl", "custom")):
         return math_reward
