@@ -133,11 +133,19 @@ def stats(name: str, x: torch.Tensor) -> dict[str, float]:
     return {f"{name}/mean": float(x.mean()), f"{name}/max": float(x.max()), f"{name}/min": float(x.min())}
 
 
+def is_on_policy(cfg: Config) -> bool:
+    """One optimizer step per rollout: the policy being trained is the one that sampled, so the old log-probs
+    are the training pass's own (ratio = 1) and their separate forward pass can be skipped. (Not with KL in
+    the reward, which needs them before the update.)"""
+    return cfg.ppo_epochs == 1 and cfg.mini_batches == 1 and not cfg.kl_in_reward
+
+
 @torch.no_grad()
 def prepare_batch(policy, ref_model, critic, rollout: Rollout, rewards: torch.Tensor, cfg: Config, device,
                   mbs: int) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict[str, float]]:
     """What the update needs, from the trainer's own forward passes: log-probs of the sampling policy (and the
-    reference's, and the critic's values), then advantages. Returns (batch, entropy (N, R), metrics)."""
+    reference's, and the critic's values), then advantages. Returns (batch, entropy (N, R) or None when
+    on-policy, metrics)."""
     R, G = rollout.response_ids.shape[1], cfg.group_size
     mask = rollout.response_mask.clone()
     if cfg.mask_truncated:  # DAPO overlong filtering: truncated answers teach nothing either way
@@ -145,7 +153,9 @@ def prepare_batch(policy, ref_model, critic, rollout: Rollout, rewards: torch.Te
     batch = {"input_ids": rollout.input_ids.to(device), "attention_mask": rollout.attention_mask.to(device),
              "response_mask": mask.to(device)}
     ids, attn, T = batch["input_ids"], batch["attention_mask"], cfg.temperature
-    batch["old_logp"], entropy = batched_logprobs(policy, ids, attn, R, mbs, T, with_entropy=True)  # (N, R)
+    entropy = None
+    if not is_on_policy(cfg):  # on-policy, forward_backward takes old_logp = logp.detach() (and the entropy)
+        batch["old_logp"], entropy = batched_logprobs(policy, ids, attn, R, mbs, T, with_entropy=True)  # (N, R)
     metrics, rewards = {}, rewards.to(device)
     if cfg.kl_coef > 0:
         with adapter_disabled(policy) if ref_model is None else torch.no_grad():
@@ -301,6 +311,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         # log-probs of the sampling policy (and reference, and values), advantages
         with autocast(device, dtype):
             batch, entropy, m_batch = prepare_batch(policy, ref_model, critic, rollout, rewards, cfg, device, mbs)
+        m["timing_s/old_log_prob"] = time.perf_counter() - t0  # old (unless on-policy) and ref log-probs
         # 3-4. forward_backward + optim_step, over mini-batches of whole groups
         m.update(m_batch)
         m.update(update(policy, critic, optimizer, scheduler, critic_optimizer, batch, cfg, loss_settings, mbs, dtype))
@@ -316,9 +327,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         m.update({"training/global_step": step + 1, **stats("critic/reward", g_rewards),
                   **stats("critic/advantages", g_adv), **stats("response_length", g_len),
                   "response_length/clip_ratio": float(g_trunc.mean()) if g_trunc.numel() else float("nan")})
-        ent = all_reduce_sum(torch.stack([(entropy * batch["response_mask"]).sum(),
-                                          batch["response_mask"].sum().float()]))
-        m["actor/entropy"] = float(ent[0] / ent[1].clamp(min=1))  # of the sampling policy, per response token
+        if entropy is not None:  # else the on-policy update reported it (same policy, same tokens)
+            ent = all_reduce_sum(torch.stack([(entropy * batch["response_mask"]).sum(),
+                                              batch["response_mask"].sum().float()]))
+            m["actor/entropy"] = float(ent[0] / ent[1].clamp(min=1))  # of the sampling policy, per response token
         if val_rows and (step + 1 == cfg.max_steps or (cfg.val_every and (step + 1) % cfg.val_every == 0)):
             with autocast(device, dtype):
                 m.update(validate(policy, tokenizer, val_rows, cfg, rank, world, judge))

@@ -168,6 +168,16 @@ def _chunk_logp_entropy(hidden: torch.Tensor, targets: torch.Tensor, lm_head: to
     return logp, -(logits.exp() * logits).sum(-1)
 
 
+def _chunk_logp_with_entropy(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module,
+                             temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """_chunk_logp's exact log-probs (with their graph), plus the entropy from the same log-softmax, without a
+    graph: the training pass gives the entropy metric for the price of an elementwise pass over (n, V)."""
+    logp_all = torch.log_softmax(lm_head(hidden).float() / temperature, dim=-1)        # (n, V)
+    with torch.no_grad():
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp_all.gather(-1, targets[:, None]).squeeze(-1), entropy
+
+
 LOGITS_PER_CHUNK = 1 << 24  # at most 16M fp32 logits (64 MB) per chunk: ~110 tokens at V=152k
 MAX_CHUNK_TOKENS = 128      # and at most 128 tokens (16 MB at V=32k), still large enough for an efficient matmul
 
@@ -175,7 +185,7 @@ MAX_CHUNK_TOKENS = 128      # and at most 128 tokens (16 MB at V=32k), still lar
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int,
                    temperature: float = 1.0, chunk_tokens: int | None = None, with_entropy: bool = False
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log pi_T(y_t | x, y_<t) at each response position, and (with_entropy, without gradients) the entropy.
+    """log pi_T(y_t | x, y_<t) at each response position, and (with_entropy) the entropy, which never has a graph.
 
     pi_T is the distribution the rollout sampled from: softmax(logits / temperature). Old, reference and current
     log-probs must all use the sampling temperature, or the ratio compares another policy (verl and TRL divide
@@ -224,7 +234,10 @@ def chunked_logprobs(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch
     logps, entropies = [], []
     for s in range(0, N * R, chunk_tokens):
         h, y = flat_h[s:s + chunk_tokens], flat_y[s:s + chunk_tokens]
-        if with_entropy:
+        if with_entropy and torch.is_grad_enabled():  # the training pass: checkpointed as below
+            lp, ent = checkpoint(_chunk_logp_with_entropy, h, y, lm_head, temperature, use_reentrant=False)
+            entropies.append(ent)
+        elif with_entropy:
             lp, ent = _chunk_logp_entropy(h, y, lm_head, temperature)
             entropies.append(ent)
         elif torch.is_grad_enabled():  # keep only the hidden states; rebuild the chunk's logits in backward

@@ -47,22 +47,29 @@ def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, 
 
     batch: input_ids (N, P+R), attention_mask (N, P+R), response_mask (N, R), old_logp (N, R),
            advantages (N,) or (N, R), and ref_logp (N, R) when loss.kl_coef > 0.
+           Without old_logp the batch is on-policy (one epoch, one mini-batch: the policy that sampled it is
+           the one being trained): old_logp = logp.detach(), so ratio = 1 and the loss and gradients are
+           those of an exact old-logp pass, which is skipped (TRL does the same); the entropy metric then
+           comes from this pass and is returned as "entropy".
     num_tokens / num_seqs: response tokens / sequences in the whole step (all processes).
     loss_scale: multiplies the loss; the trainer passes the number of processes, because data-parallel
            backends *average* gradients over processes while we want the sum over all of the step's tokens.
     Returns metrics (verl names, without the "actor/" prefix): this process's share of each step total,
     normalised by the step's counts, so that summing them over processes gives the step's value. (The
-    entropy metric comes from the sampling-time pass, `token_logprobs(..., with_entropy=True)`: computing it
-    here would keep (tokens, V) tensors alive in the graph.)
+    entropy metric comes from the old-logp pass, or on-policy from this one, computed chunk by chunk without a
+    graph, so no (tokens, V) tensor stays alive.)
     """
     R = batch["response_mask"].shape[1]
     N = batch["input_ids"].shape[0]
-    sums = {"pg_loss": 0.0, "kl_loss": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0}
+    on_policy = "old_logp" not in batch
+    sums = {"pg_loss": 0.0, "kl_loss": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0, **({"entropy": 0.0} if on_policy else {})}
     for s in range(0, N, micro_batch_size):
         mb = {k: v[s:s + micro_batch_size] for k, v in batch.items()}
         mask = mb["response_mask"]
-        logp, _ = token_logprobs(model, mb["input_ids"], mb["attention_mask"], R, loss.temperature)  # (n, R)
-        pg_loss, metrics = policy_loss(logp, mb["old_logp"], mb["advantages"], mask, kind=loss.policy_loss,
+        logp, entropy = token_logprobs(model, mb["input_ids"], mb["attention_mask"], R, loss.temperature,
+                                       with_entropy=on_policy)                                       # (n, R)
+        old_logp = logp.detach() if on_policy else mb["old_logp"]
+        pg_loss, metrics = policy_loss(logp, old_logp, mb["advantages"], mask, kind=loss.policy_loss,
                                        clip_low=loss.clip_low, clip_high=loss.clip_high, agg=loss.loss_agg_mode,
                                        dual_clip=loss.dual_clip,
                                        max_len=loss.max_new_tokens, num_tokens=num_tokens, num_seqs=num_seqs)
@@ -78,6 +85,8 @@ def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, 
         sums["pg_loss"] += float(pg_loss.detach())
         sums["pg_clipfrac"] += float(metrics["pg_clipfrac"]) * share
         sums["ppo_kl"] += float(metrics["ppo_kl"]) * share
+        if on_policy:
+            sums["entropy"] += float((entropy * mask).sum()) / max(num_tokens, 1.0)
     return sums
 
 
