@@ -2,6 +2,7 @@
 
     python scripts/plot_metrics.py runs/default            # writes runs/default/metrics.png
     python scripts/plot_metrics.py RUN_DIR --out plot.png --smooth 5
+    python scripts/plot_metrics.py runs/seed0 runs/seed1 runs/seed2 --out seeds.png   # runs overlaid
 """
 from __future__ import annotations
 
@@ -30,33 +31,42 @@ def smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def plot(run_dir: Path, out: Path, window: int = 1) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")  # no display needed
-    import matplotlib.pyplot as plt
-
+def read_rows(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: pass the output_dir of a training run")
     rows = [json.loads(line) for line in path.open() if line.strip()]
     if not rows:
         raise ValueError(f"{path} is empty")
+    return rows
+
+
+def plot(run_dir: Path | list[Path], out: Path, window: int = 1) -> Path:
+    """One run's curves, or several runs (seeds) overlaid, each line labelled with its run's folder name."""
+    import matplotlib
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    run_dirs = run_dir if isinstance(run_dir, list) else [run_dir]
+    runs = [(d, read_rows(d)) for d in run_dirs]
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
-    for ax, (title, keys) in zip(axes.flat, PANELS):
-        keys = keys or sorted({k for r in rows for k in r if k.startswith("val/test_score/")})
-        for key in keys:
-            points = [(r["training/global_step"], r[key]) for r in rows if key in r]
-            if points:
-                steps, values = zip(*points)
-                ax.plot(steps, smooth(list(values), 1 if title == "validation score" else window),
-                        marker="o" if len(points) < 20 else None, label=key)
+    for ax, (title, panel_keys) in zip(axes.flat, PANELS):
+        for d, rows in runs:
+            keys = panel_keys or sorted({k for r in rows for k in r if k.startswith("val/test_score/")})
+            for key in keys:
+                points = [(r["training/global_step"], r[key]) for r in rows if key in r]
+                if points:
+                    steps, values = zip(*points)
+                    ax.plot(steps, smooth(list(values), 1 if title == "validation score" else window),
+                            marker="o" if len(points) < 20 else None,
+                            label=key if len(runs) == 1 else f"{d.name}: {key}")
         ax.set_title(title)
         ax.set_xlabel("step")
         if ax.lines:
             ax.legend(fontsize=7)
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
-    fig.suptitle(str(run_dir))
+    fig.suptitle(", ".join(str(d) for d in run_dirs))
     fig.tight_layout()
     fig.savefig(out, dpi=90)
     plt.close(fig)
@@ -65,13 +75,13 @@ def plot(run_dir: Path, out: Path, window: int = 1) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run_dir")
-    ap.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/metrics.png)")
+    ap.add_argument("run_dir", nargs="+", help="one run's output_dir, or several to overlay")
+    ap.add_argument("--out", default=None, help="PNG path (default: <first RUN_DIR>/metrics.png)")
     ap.add_argument("--smooth", type=int, default=1, help="moving-average window")
     args = ap.parse_args()
-    run_dir = Path(args.run_dir)
+    run_dirs = [Path(d) for d in args.run_dir]
     try:
-        print(plot(run_dir, Path(args.out) if args.out else run_dir / "metrics.png", args.smooth))
+        print(plot(run_dirs, Path(args.out) if args.out else run_dirs[0] / "metrics.png", args.smooth))
     except (FileNotFoundError, ValueError) as e:
         sys.exit(str(e))
 
