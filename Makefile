@@ -16,7 +16,7 @@ $(VENV)/.installed: requirements.txt requirements-nodeps.txt
 demo: setup
 	$(PY) train.py
 
-# SmolLM2-135M-Instruct learning two-number sums on CPU (~20 min on 2 cores); SEED=1 for another seed
+# SmolLM2-135M-Instruct learning two-number sums on CPU (sized for ~20 min on 2 cores); SEED=1 for another seed
 SEED ?= 0
 smollm2: setup
 	HF_HUB_OFFLINE=1 $(PY) train.py --config recipes/smollm2_cpu.yaml --seed $(SEED) --output_dir runs/smollm2_cpu_seed$(SEED)
