@@ -37,7 +37,6 @@ import concurrent.futures
 import contextlib
 import copy
 import json
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -89,6 +88,7 @@ class SampledSequence:
     tokens: list[int]             # up to and including the stop token
     logprobs: list[float]         # log pi_T of each token at the sampling temperature
     stop_reason: str              # "stop" (an EOS) or "length" (max_tokens)
+    entropy: list[float] = field(default_factory=list)  # of pi_T at each position (a metric, as train.py's)
 
 
 @dataclass
@@ -246,11 +246,13 @@ class SamplingClient:
             rollout = sample(self.model, self.tokenizer, prompts, G, params.max_tokens, params.temperature or 1.0,
                              params.top_p, max(params.top_k, 0), greedy=greedy)
             R = rollout.response_ids.shape[1]
-            logp, _ = batched_logprobs(self.model, rollout.input_ids, rollout.attention_mask, R,
-                                       self.micro_batch_size, params.temperature or 1.0)    # (N, R)
-        lengths, version = rollout.response_mask.sum(1).tolist(), self._version()
+            # with the entropy, exactly as train.py's prepare_batch: the same old log-probs to the last bit
+            logp, entropy = batched_logprobs(self.model, rollout.input_ids, rollout.attention_mask, R,
+                                             self.micro_batch_size, params.temperature or 1.0, with_entropy=True)
+        lengths, version = rollout.response_mask.sum(1).tolist(), self._version()                # logp: (N, R)
         seqs = [SampledSequence(rollout.response_ids[i, :n].tolist(), logp[i, :n].tolist(),
-                                "length" if rollout.truncated[i] else "stop") for i, n in enumerate(lengths)]
+                                "length" if rollout.truncated[i] else "stop", entropy[i, :n].tolist())
+                for i, n in enumerate(lengths)]
         return [SampleResponse(seqs[b * G:(b + 1) * G], version) for b in range(len(prompts))]
 
     def compute_logprobs(self, sequences: list[list[int]]) -> Future:
@@ -420,10 +422,10 @@ class ServiceClient:
     """Creates clients on this process (and, under accelerate launch / torchrun, its peers: SPMD)."""
 
     def __init__(self, dtype: str = "auto", attn_implementation: str = "auto"):
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
-            os.environ.setdefault("ACCELERATE_USE_CPU", "1")  # as train.py: one world, not N worlds of one
         from accelerate import PartialState
-        state = PartialState()  # joins the process group when launched with several processes
+        # joins the process group when launched with several processes (on CPU only when told to: else each
+        # process would be a world of one)
+        state = PartialState(cpu=not torch.cuda.is_available())
         self.process_index, self.num_processes, self.device = state.process_index, state.num_processes, state.device
         self.dtype, self.attn_implementation = pick_dtype(dtype, self.device), pick_attn_implementation(attn_implementation)
 
