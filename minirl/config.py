@@ -38,6 +38,8 @@ class Config:
     val_max_samples: int = 200            # cap on held-out rows scored (0 = all)
     max_prompt_length: int = 512          # prompts longer than this (in tokens) are dropped, with a count printed
     code_reward_style: Literal["codefu", "binary"] = "codefu"  # rows with ability "code", see rewards.py
+    reward_fn: str = ""                   # path/to/file.py:function scoring every row in place of the built-in rewards:
+                                          # function(data_source, solution_str, ground_truth, extra_info) -> float (veRL)
     judge_workers: int = 0                # parallel sandboxed programs for code rewards (0 = all cores)
     # --- rollout -------------------------------------------------------------------------------------------
     prompts_per_step: int = 16            # B: prompts per training step (per process)

@@ -21,6 +21,7 @@ Code reward styles (`code_reward_style`):
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -204,10 +205,16 @@ def extract_answer(text: str, row: dict) -> str | None:
     return extract_gsm8k_answer(text) if reward_fn_for(row["data_source"]) is gsm8k_reward else last_boxed(text)
 
 
-def score_details(completions: list[str], rows: list[dict], judge=None, code_style: str = "codefu") -> list[dict]:
+def score_details(completions: list[str], rows: list[dict], judge=None, code_style: str = "codefu",
+                  reward_fn: Callable | None = None) -> list[dict]:
     """reward and extracted answer per completion, plus verdict and tests_passed for code. Code rows go to the
-    judge together, so their programs run in parallel."""
+    judge together, so their programs run in parallel. A `reward_fn` (see load_reward_fn) scores every row."""
     out = [{"answer": extract_answer(text, row)} for text, row in zip(completions, rows, strict=True)]
+    if reward_fn is not None:
+        for d, text, row in zip(out, completions, rows):
+            d["reward"] = float(reward_fn(row["data_source"], text, row["reward_model"]["ground_truth"],
+                                          row.get("extra_info")))
+        return out
     code = [i for i, row in enumerate(rows) if is_code(row)]
     if code:
         if judge is None:
@@ -223,6 +230,31 @@ def score_details(completions: list[str], rows: list[dict], judge=None, code_sty
     return out
 
 
-def score(completions: list[str], rows: list[dict], judge=None, code_style: str = "codefu") -> list[float]:
+def score(completions: list[str], rows: list[dict], judge=None, code_style: str = "codefu",
+          reward_fn: Callable | None = None) -> list[float]:
     """The reward stage of a training step: one float per completion, `rows[i]` being its problem."""
-    return [d["reward"] for d in score_details(completions, rows, judge, code_style)]
+    return [d["reward"] for d in score_details(completions, rows, judge, code_style, reward_fn)]
+
+
+@functools.lru_cache(maxsize=None)
+def load_reward_fn(spec: str) -> Callable:
+    """A user's reward, veRL's `custom_reward_function`: "path/to/file.py:function" (function defaults to
+    compute_score, as in veRL), called as function(data_source, solution_str, ground_truth, extra_info) -> float
+    for every row in place of the built-in rewards. Loaded once per spec."""
+    import importlib.util
+    from pathlib import Path
+
+    from minirl.config import ConfigError
+    path, _, name = spec.rpartition(":") if ":" in spec else (spec, "", "")
+    name, file = name or "compute_score", Path(path)
+    usage = "pass --reward_fn path/to/file.py:function"
+    if file.suffix != ".py" or not file.is_file():
+        raise ConfigError(f"config key 'reward_fn': {str(file)!r} is not an existing .py file; {usage}")
+    module_spec = importlib.util.spec_from_file_location(f"minirl_reward_{file.stem}", file)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ConfigError(f"config key 'reward_fn': {file} defines no function {name!r}; define "
+                          f"def {name}(data_source, solution_str, ground_truth, extra_info) -> float there, or {usage}")
+    return fn
