@@ -11,9 +11,9 @@ SageMaker AI training-session APIs modelled on it), run locally on this process 
 Every operation is a thin wrapper over the function train.py uses for the same stage: `rollout.sample`,
 `policy.batched_logprobs`, `update.forward_backward` (whose losses are `loss.policy_loss`), `update.optim_step`,
 `checkpoint`. What the session adds is ordering: a client's operations run in call order on one background
-thread (`_Worker`), so a loop can submit `optim_step` before `forward_backward` has finished. `sample` calls are
-held back until something else is submitted or a result is awaited, then those whose parameters agree run as
-one `generate` (the batch is the same whatever the thread timing, so runs are reproducible).
+thread, so a loop can submit `optim_step` before `forward_backward` has finished; `sample` calls submitted
+together run as one `generate` where their parameters agree (minirl/session_core.py: the worker, the futures
+and the data types).
 
 Conventions, and where they differ from Tinker's:
 - A `Datum` is (prompt tokens, completion tokens) plus per-completion-token `logprobs`, `advantages` (a number or
@@ -33,189 +33,27 @@ Shapes: N datums, P prompt tokens (left-padded), R completion tokens (right-padd
 """
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import copy
 import json
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from minirl import checkpoint
-from minirl.distributed import barrier, rank, shutdown, sum_gradients_across_processes, sum_over_processes
-from minirl.distributed import all_reduce_sum
-from minirl.policy import (add_lora, autocast, batched_logprobs, config_dtype, load_model, load_tokenizer,
+from minirl.distributed import (all_reduce_sum, barrier, rank, shutdown, sum_gradients_across_processes,
+                                sum_over_processes)
+from minirl.policy import (add_lora, batched_logprobs, config_dtype, load_model, load_tokenizer,
                            pick_attn_implementation, pick_dtype, resolve_model_path)
 from minirl.reference import adapter_disabled
 from minirl.rollout import sample
+from minirl.session_core import (LOSS_FNS, AdamParams, Datum, ForwardBackwardOutput, Future, SampledSequence,
+                                 SampleResponse, SamplingParams, SessionError, _Worker, collate)
 from minirl.update import LossSettings, forward_backward, optim_step
 
-
-# --- the data that crosses the API ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int = 256
-    temperature: float = 1.0      # 0 decodes greedily
-    top_p: float = 1.0
-    top_k: int = -1               # Tinker's "off"
-
-
-@dataclass(frozen=True)
-class AdamParams:                 # Tinker's defaults; grad_clip_norm 0 = no clipping
-    learning_rate: float = 1e-4
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-12
-    weight_decay: float = 0.0     # decoupled (AdamW)
-    grad_clip_norm: float = 0.0
-
-
-@dataclass
-class Datum:
-    prompt_tokens: list[int]
-    completion_tokens: list[int]
-    logprobs: list[float] | None = None            # the sampler's, one per completion token (RL losses)
-    advantages: float | list[float] = 0.0           # one per sequence, or one per completion token
-    weights: list[float] | None = None              # per completion token; None = all 1
-
-
-@dataclass
-class SampledSequence:
-    tokens: list[int]             # up to and including the stop token
-    logprobs: list[float]         # log pi_T of each token at the sampling temperature
-    stop_reason: str              # "stop" (an EOS) or "length" (max_tokens)
-    entropy: list[float] = field(default_factory=list)  # of pi_T at each position (a metric, as train.py's)
-
-
-@dataclass
-class SampleResponse:
-    sequences: list[SampledSequence]
-    policy_version: int           # optimizer steps applied to the weights that sampled (for staleness checks)
-
-
-@dataclass
-class ForwardBackwardOutput:
-    loss: float
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-class SessionError(RuntimeError):
-    """An operation failed; raised by .result() naming the operation and the original error."""
-
-
-# --- futures and the worker ----------------------------------------------------------------------------------
-
-class Future:
-    """The result of a queued operation. .result() first releases held-back `sample` calls (see module doc)."""
-
-    def __init__(self, name: str, worker: "_Worker"):
-        self.name, self._worker, self._future = name, worker, concurrent.futures.Future()
-
-    def result(self, timeout: float | None = None):
-        self._worker.flush()
-        try:
-            return self._future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            raise
-        except Exception as e:
-            raise SessionError(f"{self.name} failed: {type(e).__name__}: {e}") from e
-
-    def done(self) -> bool:
-        return self._future.done()
-
-
-class _Worker:
-    """One thread that runs a client's operations in call order, in the client's autocast and device context
-    (autocast and the current CUDA device are thread-local: the thread enters them itself)."""
-
-    def __init__(self, device: torch.device, dtype: torch.dtype):
-        self.device, self.dtype = device, dtype
-        self._queue: list = []
-        self._held: list = []   # sample calls not yet queued: (key, future, prompt, run_batch)
-        self._cv = threading.Condition()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="minirl-session")
-        self._thread.start()
-
-    def submit(self, name: str, fn: Callable, *args) -> Future:
-        self.flush()
-        fut = Future(name, self)
-        self._put([fut], lambda: [fn(*args)])
-        return fut
-
-    def submit_sample(self, key: tuple, prompt: list[int], run_batch: Callable) -> Future:
-        fut = Future("sample", self)
-        with self._cv:
-            self._held.append((key, fut, prompt, run_batch))
-        return fut
-
-    def flush(self) -> None:
-        """Queue the held sample calls, one batch per distinct key, in order of first appearance."""
-        with self._cv:
-            held, self._held = self._held, []
-        batches: dict[tuple, list] = {}
-        for item in held:
-            batches.setdefault(item[0], []).append(item)
-        for items in batches.values():
-            prompts, run_batch = [p for _, _, p, _ in items], items[0][3]
-            self._put([f for _, f, _, _ in items], lambda prompts=prompts, run_batch=run_batch: run_batch(prompts))
-
-    def _put(self, futures: list[Future], fn: Callable) -> None:
-        with self._cv:
-            self._queue.append((futures, fn))
-            self._cv.notify()
-
-    def _run(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        while True:
-            with self._cv:
-                self._cv.wait_for(lambda: self._queue)
-                futures, fn = self._queue.pop(0)
-            if fn is None:
-                return
-            try:
-                with autocast(self.device, self.dtype):
-                    results = fn()
-                for f, r in zip(futures, results):
-                    f._future.set_result(r)
-            except BaseException as e:  # surfaces at .result(), naming the operation
-                for f in futures:
-                    f._future.set_exception(e)
-
-    def stop(self) -> None:
-        self.flush()
-        self._put([], None)
-        self._thread.join()
-
-
-# --- batches from datums -------------------------------------------------------------------------------------
-
-def collate(datums: list[Datum], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """The layout update.forward_backward takes (rollout.py's): prompts left-padded, completions right-padded.
-    response_mask carries the weights; attention covers every real token, weight 0 or not."""
-    N, P, R = len(datums), max(len(d.prompt_tokens) for d in datums), max(len(d.completion_tokens) for d in datums)
-    ids = torch.full((N, P + R), pad_id, dtype=torch.long)
-    attn = torch.zeros(N, P + R, dtype=torch.long)
-    weights, old_logp, adv = torch.zeros(N, R), torch.zeros(N, R), torch.zeros(N, R)
-    for i, d in enumerate(datums):
-        p, c = len(d.prompt_tokens), len(d.completion_tokens)
-        ids[i, P - p:P + c] = torch.tensor(d.prompt_tokens + d.completion_tokens, dtype=torch.long)
-        attn[i, P - p:P + c] = 1
-        weights[i, :c] = torch.tensor(d.weights, dtype=torch.float32) if d.weights is not None else 1.0
-        if d.logprobs is not None:
-            old_logp[i, :c] = torch.tensor(d.logprobs, dtype=torch.float32)
-        adv[i, :c] = torch.tensor(d.advantages, dtype=torch.float32)
-    scalar = all(isinstance(d.advantages, (int, float)) for d in datums)  # (N,), exactly as train.py passes them
-    batch = {"input_ids": ids, "attention_mask": attn, "response_mask": weights, "old_logp": old_logp,
-             "advantages": adv[:, 0] if scalar else adv}
-    return {k: v.to(device) for k, v in batch.items()}
-
-
-LOSS_FNS = ("cross_entropy", "importance_sampling", "ppo", "cispo")
+__all__ = ["ServiceClient", "TrainingClient", "SamplingClient", "SamplingParams", "AdamParams", "Datum",
+           "SampledSequence", "SampleResponse", "ForwardBackwardOutput", "Future", "SessionError"]
 
 
 # --- clients -------------------------------------------------------------------------------------------------
@@ -309,7 +147,8 @@ class TrainingClient:
         return self.create_sampling_client()
 
     # -- the loss and its gradient
-    def forward(self, datums: list[Datum], loss_fn: str = "cross_entropy", loss_fn_config: dict | None = None) -> Future:
+    def forward(self, datums: list[Datum], loss_fn: str = "cross_entropy",
+                loss_fn_config: dict | None = None) -> Future:
         """The loss and metrics of forward_backward, without gradients."""
         return self._worker.submit("forward", self._loss, list(datums), loss_fn, loss_fn_config or {}, False)
 
@@ -427,7 +266,8 @@ class ServiceClient:
         # process would be a world of one)
         state = PartialState(cpu=not torch.cuda.is_available())
         self.process_index, self.num_processes, self.device = state.process_index, state.num_processes, state.device
-        self.dtype, self.attn_implementation = pick_dtype(dtype, self.device), pick_attn_implementation(attn_implementation)
+        self.dtype = pick_dtype(dtype, self.device)
+        self.attn_implementation = pick_attn_implementation(attn_implementation)
 
     def create_lora_training_client(self, base_model: str, rank: int = 32, alpha: int = 32, seed: int = 0,
                                     target_modules: str = "all-linear", **kwargs) -> TrainingClient:
