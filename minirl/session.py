@@ -213,7 +213,7 @@ class TrainingClient:
         return ForwardBackwardOutput(loss=float(loss.detach()), metrics={k: float(v) for k, v in metrics.items()})
 
     def optim_step(self, params: AdamParams | None = None) -> Future:
-        return self._worker.submit("optim_step", self._optim_step, params or AdamParams())
+        return self._worker.submit("optim_step", self._optim_step, params or AdamParams(), autocast=False)
 
     def _optim_step(self, p: AdamParams) -> dict[str, float]:
         sum_gradients_across_processes(self.model)  # each process holds its share of the step's gradient

@@ -95,8 +95,10 @@ class Future:
 
 
 class _Worker:
-    """One thread that runs a client's operations in call order, in the client's autocast and device context
-    (autocast and the current CUDA device are thread-local: the thread enters them itself)."""
+    """One thread that runs a client's operations in call order, on the client's device, each forward pass in
+    the client's autocast (both are thread-local: the thread enters them itself). Autocast is entered per
+    operation and never around an optimizer step: it caches the low-precision copy of each weight until its
+    context exits, so a forward pass after optim_step in the same context would see stale weights."""
 
     def __init__(self, device: torch.device, dtype: torch.dtype):
         self.device, self.dtype = device, dtype
@@ -106,10 +108,10 @@ class _Worker:
         self._thread = threading.Thread(target=self._run, daemon=True, name="minirl-session")
         self._thread.start()
 
-    def submit(self, name: str, fn: Callable, *args) -> Future:
+    def submit(self, name: str, fn: Callable, *args, autocast: bool = True) -> Future:
         self.flush()
         fut = Future(name, self)
-        self._put([fut], lambda: [fn(*args)])
+        self._put([fut], lambda: [fn(*args)], autocast)
         return fut
 
     def submit_sample(self, key: tuple, prompt: list[int], run_batch: Callable) -> Future:
@@ -129,9 +131,9 @@ class _Worker:
             prompts, run_batch = [p for _, _, p, _ in items], items[0][3]
             self._put([f for _, f, _, _ in items], lambda prompts=prompts, run_batch=run_batch: run_batch(prompts))
 
-    def _put(self, futures: list[Future], fn: Callable) -> None:
+    def _put(self, futures: list[Future], fn: Callable | None, autocast: bool = True) -> None:
         with self._cv:
-            self._queue.append((futures, fn))
+            self._queue.append((futures, fn, autocast))
             self._cv.notify()
 
     def _run(self) -> None:
@@ -140,11 +142,11 @@ class _Worker:
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: self._queue)
-                futures, fn = self._queue.pop(0)
+                futures, fn, low_precision = self._queue.pop(0)
             if fn is None:
                 return
             try:
-                with autocast(self.device, self.dtype):
+                with autocast(self.device, self.dtype if low_precision else torch.float32):
                     results = fn()
                 for f, r in zip(futures, results):
                     f._future.set_result(r)
