@@ -184,7 +184,8 @@ class TrainingClient:
                 m = forward_backward(self.model, batch, settings, self.micro_batch_size, max(num_tokens, 1.0),
                                      float(counts[1]), backward=torch.Tensor.backward if grad else lambda t: None)
         except BaseException:
-            self.optimizer.zero_grad(set_to_none=True)  # never let optim_step apply half a batch
+            if grad:  # the step's gradients are incomplete: never let optim_step apply half a batch
+                self.optimizer.zero_grad(set_to_none=True)
             raise
         m = sum_over_processes({k: v for k, v in m.items() if k != "kl_loss"})
         if loss_fn == "cross_entropy":
