@@ -34,7 +34,6 @@ Shapes: N datums, P prompt tokens (left-padded), R completion tokens (right-padd
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -241,15 +240,17 @@ class TrainingClient:
         return str(folder)
 
     def save_weights_for_sampler(self, path: str | Path, merge_weights: bool = True) -> Future:
-        """A folder that from_pretrained loads: with LoRA and merge_weights, the adapter merged into a copy of
-        the base (the live adapter is untouched), else the adapter alone; saved in the base's own dtype."""
+        """A folder that from_pretrained loads: with LoRA and merge_weights, the adapter merged into an fp32 copy
+        of the base (checkpoint.save_merged; the live adapter is untouched), else the adapter alone; saved in the
+        base's own dtype."""
         return self._worker.submit("save_weights_for_sampler", self._save_weights, Path(path), merge_weights)
 
     def _save_weights(self, folder: Path, merge: bool) -> str:
         if rank() == 0:
-            model = copy.deepcopy(self.model).merge_and_unload() if merge and hasattr(self.model, "peft_config") \
-                else self.model
-            checkpoint.save_model(model, folder, config_dtype(self.base_path))
+            if merge and hasattr(self.model, "peft_config"):  # into an fp32 copy of the base, as train.py does
+                checkpoint.save_merged(self.model, self.base_path, folder, config_dtype(self.base_path))
+            else:
+                checkpoint.save_model(self.model, folder, config_dtype(self.base_path))
             self.tokenizer.save_pretrained(folder)
         barrier()
         return str(folder)
