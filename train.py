@@ -43,20 +43,25 @@ from minirl.policy import (add_lora, autocast, batched_logprobs, config_dtype, l
                            pick_attn_implementation, pick_dtype, resolve_model_path)
 from minirl.reference import adapter_disabled, load_reference
 from minirl.judge import Judge
-from minirl.rewards import is_code, overlong_penalty, score
+from minirl.rewards import is_code, load_reward_fn, overlong_penalty, score
 from minirl.rollout import Rollout, concat_rollouts, sample, select_groups
 from minirl.update import LossSettings, forward_backward, optim_step, warmup_constant_schedule
 
 
 @torch.no_grad()
+def custom_reward(cfg: Config):
+    """--reward_fn's function (loaded once), or None for the built-in rewards."""
+    return load_reward_fn(cfg.reward_fn) if cfg.reward_fn else None
+
+
 def validate(model, tokenizer, rows: list[dict], cfg: Config, rank: int, world: int, judge=None) -> dict[str, float]:
     """Mean reward (accuracy for 0/1 rewards) on held-out rows, each process scoring its own share;
     returns val/test_score/<data_source>."""
     with gathered(model):
         records = evaluate(model, tokenizer, rows[rank::world], n=1 if cfg.val_greedy else cfg.group_size,
                            greedy=cfg.val_greedy, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                           judge=judge, code_style=cfg.code_reward_style,
-                           extraction=cfg.answer_extraction)
+                           judge=judge, code_style=cfg.code_reward_style, extraction=cfg.answer_extraction,
+                           reward_fn=custom_reward(cfg))
     sources = sorted({r["data_source"] for r in rows})
     sums = torch.tensor([[sum(r["reward"] for r in records if r["data_source"] == s),
                           sum(1 for r in records if r["data_source"] == s)] for s in sources], dtype=torch.float64)
@@ -73,7 +78,7 @@ def sample_round(policy, tokenizer, rows: list[dict], cfg: Config, judge=None) -
                          cfg.temperature, cfg.top_p, cfg.top_k)
     t1 = time.perf_counter()
     rewards = torch.tensor(score(rollout.texts, [r for r in rows for _ in range(G)], judge, cfg.code_reward_style,
-                                 cfg.answer_extraction), dtype=torch.float32)
+                                 cfg.answer_extraction, custom_reward(cfg)), dtype=torch.float32)
     if cfg.overlong_buffer:  # DAPO's soft overlong punishment
         rewards += torch.tensor(overlong_penalty(rollout.response_mask.sum(1).tolist(), cfg.max_new_tokens,
                                                  cfg.overlong_buffer, cfg.overlong_penalty))
@@ -213,6 +218,7 @@ def update(policy, critic, optimizer, scheduler, critic_optimizer, batch: dict[s
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     cfg = parse_config(argv)
+    custom_reward(cfg)  # a missing --reward_fn file or function fails here, before any model is loaded
     trackers = [t.strip() for t in cfg.report_to.split(",") if t.strip()]
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
         # under torchrun on CPU, accelerate otherwise runs every process as an independent world of one
@@ -267,7 +273,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                           "tokens; raise it")
     val_rows = load_rows(cfg.val_files, split="test", limit=cfg.val_max_samples) if cfg.val_files else []
     # one sandboxed judge pool for the whole run, only when there are code problems
-    judge = Judge(cfg.judge_workers or None) if any(is_code(r) for r in train_rows + val_rows) else None
+    judge = Judge(cfg.judge_workers or None) if any(is_code(r) for r in train_rows + val_rows) \
+        and not cfg.reward_fn else None
 
     trainable = [p for p in policy.parameters() if p.requires_grad]  # with LoRA: the adapter only
     optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay,

@@ -125,7 +125,8 @@ def save_shared_state(tmp: Path, model, optimizer, scheduler, step: int, positio
     Under FSDP pass the gathered full `model_state`/`optimizer_state` (see distributed.full_state_dict)."""
     model.save_pretrained(tmp / "model", state_dict=model_state)  # a LoRA model saves its adapter only
     torch.save(optimizer_state if optimizer_state is not None else optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    if scheduler is not None:  # the sessions API sets the rate at each optim_step instead
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     if critic is not None:
         torch.save(critic.state_dict(), tmp / "critic.pt")
         torch.save(critic_optimizer.state_dict(), tmp / "critic_optimizer.pt")
@@ -210,7 +211,8 @@ def load_checkpoint(folder: Path, rank: int, model, optimizer, scheduler, critic
     else:
         load_weights(model, folder / "model")
         optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
-    scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
+    if scheduler is not None:
+        scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
     if critic is not None:
         critic.load_state_dict(torch.load(folder / "critic.pt", weights_only=False))
         critic_optimizer.load_state_dict(torch.load(folder / "critic_optimizer.pt", weights_only=False))

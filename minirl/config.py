@@ -40,6 +40,8 @@ class Config:
     code_reward_style: Literal["codefu", "binary"] = "codefu"  # rows with ability "code", see rewards.py
     answer_extraction: Literal["strict", "flexible"] = "strict"  # GSM8K-style rows: the number after '####',
                                           # or the last number anywhere (veRL's two methods; rewards.py)
+    reward_fn: str = ""                   # path/to/file.py:function scoring every row in place of the built-in rewards:
+                                          # function(data_source, solution_str, ground_truth, extra_info) -> float (veRL)
     judge_workers: int = 0                # parallel sandboxed programs for code rewards (0 = all cores)
     # --- rollout -------------------------------------------------------------------------------------------
     prompts_per_step: int = 16            # B: prompts per training step (per process)

@@ -31,6 +31,15 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def barrier() -> None:
+    if world_size() > 1:
+        dist.barrier()
+
+
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     if world_size() > 1:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)

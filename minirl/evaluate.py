@@ -44,7 +44,7 @@ def majority_vote(answers: list[str | None], rewards: list[float]) -> float:
 
 def evaluate(model, tokenizer, rows: list[dict], n: int = 1, greedy: bool = True, temperature: float = 1.0,
              top_p: float = 1.0, max_new_tokens: int = 256, batch_size: int = 32, progress=None, judge=None,
-             code_style: str = "codefu", extraction: str = "strict") -> list[dict]:
+             code_style: str = "codefu", extraction: str = "strict", reward_fn=None) -> list[dict]:
     """One record per completion: problem_id, data_source, index, sample, prompt, completion, answer, reward,
     (verdict), tokens, truncated, seconds. `progress`, if given, is called with the number of rows finished."""
     if greedy and n != 1:
@@ -58,7 +58,7 @@ def evaluate(model, tokenizer, rows: list[dict], n: int = 1, greedy: bool = True
                          temperature=temperature, top_p=top_p, greedy=greedy)
         seconds = time.perf_counter() - t0
         expanded = [r for r in chunk for _ in range(n)]
-        scored = score_details(rollout.texts, expanded, judge, code_style, extraction)
+        scored = score_details(rollout.texts, expanded, judge, code_style, extraction, reward_fn)
         lengths = rollout.response_mask.sum(dim=1).tolist()
         total_tokens = max(sum(lengths), 1)
         for i, (row, text, sc, length) in enumerate(zip(expanded, rollout.texts, scored, lengths)):

@@ -167,6 +167,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     - "cispo" (MiniMax-M1, 2025): -sg(clip(ratio, 1-clip_low, 1+clip_high)) * A * logp. The clipped ratio is a
       constant weight, so every token keeps a gradient (PPO's clip zeroes it). ratio 1.5 -> 1.28 with (0.2, 0.28).
     - "importance_sampling": -ratio * A, the unclipped REINFORCE-with-importance-weights surrogate.
+    - "cross_entropy": -A * logp, the weighted negative log-likelihood (old_logp unused): SFT with A = 1 and the
+      weights in `mask`; with A = -dL/dlogp it is the linear surrogate whose gradient is that of any loss L of
+      the log-probs (the sessions API's forward_backward_custom, minirl/session.py).
     Returns (scalar loss aggregated by `aggregate`, metrics: pg_clipfrac, ppo_kl (mean old_logp - logp)).
     """
     if advantages.dim() == 1:
@@ -188,8 +191,11 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     elif kind == "importance_sampling":
         per_token = -ratio * advantages
         clipfrac = torch.zeros((), device=logp.device)
+    elif kind == "cross_entropy":
+        per_token = -advantages * logp
+        clipfrac = torch.zeros((), device=logp.device)
     else:
-        raise ValueError(f"unknown policy loss {kind!r}; use ppo, cispo or importance_sampling")
+        raise ValueError(f"unknown policy loss {kind!r}; use ppo, cispo, importance_sampling or cross_entropy")
     loss = aggregate(per_token, mask, agg, max_len=max_len, num_tokens=num_tokens, num_seqs=num_seqs)
     metrics = {"pg_clipfrac": clipfrac.detach(), "ppo_kl": masked_mean(-log_ratio, mask_f).detach()}
     return loss, metrics

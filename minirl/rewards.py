@@ -22,6 +22,7 @@ Code reward styles (`code_reward_style`):
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -218,11 +219,16 @@ def extract_answer(text: str, row: dict, extraction: str = "strict") -> str | No
 
 
 def score_details(completions: list[str], rows: list[dict], judge=None, code_style: str = "codefu",
-                  extraction: str = "strict") -> list[dict]:
+                  extraction: str = "strict", reward_fn: Callable | None = None) -> list[dict]:
     """reward and extracted answer per completion, plus verdict and tests_passed for code. Code rows go to the
     judge together, so their programs run in parallel. `extraction` ("strict"/"flexible") applies to
-    GSM8K-style rows (see extract_gsm8k_answer)."""
+    GSM8K-style rows (see extract_gsm8k_answer). A `reward_fn` (see load_reward_fn) scores every row."""
     out = [{"answer": extract_answer(text, row, extraction)} for text, row in zip(completions, rows, strict=True)]
+    if reward_fn is not None:
+        for d, text, row in zip(out, completions, rows):
+            d["reward"] = float(reward_fn(row["data_source"], text, row["reward_model"]["ground_truth"],
+                                          row.get("extra_info")))
+        return out
     code = [i for i, row in enumerate(rows) if is_code(row)]
     if code:
         if judge is None:
@@ -240,6 +246,30 @@ def score_details(completions: list[str], rows: list[dict], judge=None, code_sty
 
 
 def score(completions: list[str], rows: list[dict], judge=None, code_style: str = "codefu",
-          extraction: str = "strict") -> list[float]:
+          extraction: str = "strict", reward_fn: Callable | None = None) -> list[float]:
     """The reward stage of a training step: one float per completion, `rows[i]` being its problem."""
-    return [d["reward"] for d in score_details(completions, rows, judge, code_style, extraction)]
+    return [d["reward"] for d in score_details(completions, rows, judge, code_style, extraction, reward_fn)]
+
+
+@functools.lru_cache(maxsize=None)
+def load_reward_fn(spec: str) -> Callable:
+    """A user's reward, veRL's `custom_reward_function`: "path/to/file.py:function" (function defaults to
+    compute_score, as in veRL), called as function(data_source, solution_str, ground_truth, extra_info) -> float
+    for every row in place of the built-in rewards. Loaded once per spec."""
+    import importlib.util
+    from pathlib import Path
+
+    from minirl.config import ConfigError
+    path, _, name = spec.rpartition(":") if ":" in spec else (spec, "", "")
+    name, file = name or "compute_score", Path(path)
+    usage = "pass --reward_fn path/to/file.py:function"
+    if file.suffix != ".py" or not file.is_file():
+        raise ConfigError(f"config key 'reward_fn': {str(file)!r} is not an existing .py file; {usage}")
+    module_spec = importlib.util.spec_from_file_location(f"minirl_reward_{file.stem}", file)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ConfigError(f"config key 'reward_fn': {file} defines no function {name!r}; define "
+                          f"def {name}(data_source, solution_str, ground_truth, extra_info) -> float there, or {usage}")
+    return fn

@@ -66,13 +66,15 @@ def cap_new_tokens(model, prompt_tokens: int, max_new_tokens: int) -> int:
 
 
 @torch.no_grad()
-def sample(model, tokenizer, prompts: list[str], group_size: int, max_new_tokens: int,
+def sample(model, tokenizer, prompts: list[str] | list[list[int]], group_size: int, max_new_tokens: int,
            temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False) -> Rollout:
-    """Generate `group_size` completions for each prompt string (chat template already applied)."""
+    """Generate `group_size` completions for each prompt: strings (chat template already applied) or token
+    lists (the sessions API's prompts, minirl/session.py), left-padded the same way."""
     from transformers import GenerationConfig
 
     device = next(model.parameters()).device
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    enc = (tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False) if isinstance(prompts[0], str)
+           else tokenizer.pad({"input_ids": prompts}, return_tensors="pt")).to(device)
     eos_ids = eos_token_ids(tokenizer, model)
     # generate() fills every field we leave unset (None) from the model's generation_config, then from HF's
     # global defaults (top_k=50!). So start from those global defaults and set every sampling field ourselves.

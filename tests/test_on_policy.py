@@ -4,7 +4,7 @@ import torch
 
 from minirl.config import parse_config
 from minirl.policy import batched_logprobs
-from minirl.update import LossSettings, forward_backward
+from minirl.update import LossSettings
 
 import train
 from test_update import grads_for, make_batch

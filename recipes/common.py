@@ -1,0 +1,35 @@
+"""What the recipes on the sessions API share: the repository on sys.path, prompts as tokens, held-out accuracy."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from minirl.data import prompt_text  # noqa: E402
+from minirl.distributed import all_reduce_sum  # noqa: E402
+from minirl.rewards import gsm8k_reward  # noqa: E402
+from minirl.session import SamplingClient, SamplingParams  # noqa: E402
+
+
+def prompt_tokens(tokenizer, row: dict) -> list[int]:
+    """The row's chat prompt (with the generation prompt), as token ids."""
+    return tokenizer(prompt_text(row, tokenizer), add_special_tokens=False).input_ids
+
+
+def answer_of(row: dict) -> str:
+    return str(row["reward_model"]["ground_truth"])
+
+
+def accuracy(sc: SamplingClient, tokenizer, rows: list[dict], max_tokens: int, rank: int = 0, world: int = 1) -> float:
+    """Greedy accuracy (gsm8k_reward) on held-out rows, each process scoring rows[rank::world]."""
+    mine = rows[rank::world]
+    futures = [sc.sample(prompt_tokens(tokenizer, r), 1, SamplingParams(max_tokens=max_tokens, temperature=0))
+               for r in mine]  # submitted together: one batched generate
+    correct = sum(gsm8k_reward(tokenizer.decode(f.result().sequences[0].tokens, skip_special_tokens=True),
+                               answer_of(r)) for f, r in zip(futures, mine))
+    total = all_reduce_sum(torch.tensor([float(correct), float(len(mine))], device=sc.model.device))
+    return float(total[0] / total[1].clamp(min=1))

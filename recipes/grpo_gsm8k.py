@@ -1,0 +1,95 @@
+"""GRPO on GSM8K, written as a loop over the sessions API (minirl/session.py), as in Tinker's minimal RL loop.
+
+    python recipes/grpo_gsm8k.py                                  # the toy task and tiny model, CPU, a minute
+    python recipes/grpo_gsm8k.py --model /path/to/Qwen2.5-0.5B-Instruct --lora_rank 32 --lr 4e-5 \\
+        --train_files data/prepared/gsm8k_train.jsonl --val_files data/prepared/gsm8k_test.jsonl \\
+        --max_tokens 512 --prompts_per_step 32
+    accelerate launch recipes/grpo_gsm8k.py ...                   # every process runs this loop on its prompts
+
+Each step: G samples for each of B prompts (all submitted before waiting: one generate), gsm8k_reward, the
+reward centred within its group (no std division: Tinker's example and Dr. GRPO), forward_backward with the
+clipped "ppo" loss, optim_step, and a sampler on the new weights. Groups whose rewards are all equal have
+advantage 0 and stay in the batch (they count in the token mean, as in train.py). With matching settings this
+computes what `train.py --adv_estimator dr_grpo` computes (tests/test_session.py checks the first step).
+"""
+from __future__ import annotations
+
+import argparse
+
+import common  # noqa: F401  (puts the repository on sys.path)
+import torch
+
+from common import ROOT, accuracy, answer_of, prompt_tokens
+from minirl.data import load_rows, prompt_indices
+from minirl.rewards import gsm8k_reward
+from minirl.session import AdamParams, Datum, SamplingParams, ServiceClient
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--train_files", default=str(ROOT / "data" / "arith_train.jsonl"))
+    p.add_argument("--val_files", default=str(ROOT / "data" / "arith_test.jsonl"))
+    p.add_argument("--val_max_samples", type=int, default=100)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--prompts_per_step", type=int, default=16)     # B, per process
+    p.add_argument("--group_size", type=int, default=8)            # G
+    p.add_argument("--max_tokens", type=int, default=8)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--lora_rank", type=int, default=0)             # 0: full fine-tuning
+    p.add_argument("--lora_alpha", type=int, default=32)
+    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--warmup_steps", type=int, default=5)          # linear warm-up, as train.py
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output_dir", default="")                     # merged weights are saved here if given
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    B, G, T = args.prompts_per_step, args.group_size, args.temperature
+    svc = ServiceClient()
+    rank, world = svc.process_index, svc.num_processes
+    tc = svc.create_lora_training_client(args.model, rank=args.lora_rank, alpha=args.lora_alpha, seed=args.seed) \
+        if args.lora_rank else svc.create_training_client(args.model, seed=args.seed)
+    tok = tc.get_tokenizer()
+    train_rows = load_rows(args.train_files, split="train")
+    val_rows = load_rows(args.val_files, split="test", limit=args.val_max_samples) if args.val_files else []
+    torch.manual_seed(args.seed * 1000 + rank)  # as train.py: every process samples differently
+    sc = tc.create_sampling_client()
+    before = accuracy(sc, tok, val_rows, args.max_tokens, rank, world) if val_rows else None
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=T)
+    # train.py's defaults: AdamW betas (0.9, 0.99), eps 1e-8, gradient norm clipped at 1
+    adam = dict(beta1=0.9, beta2=0.99, eps=1e-8, grad_clip_norm=1.0)
+    history = []
+    for step in range(args.steps):
+        rows = [train_rows[i] for i in prompt_indices(step * B * world + rank * B, B, len(train_rows), args.seed)]
+        prompts = [prompt_tokens(tok, r) for r in rows]
+        futures = [sc.sample(p, G, params) for p in prompts]
+        datums, rewards = [], []
+        for prompt, row, fut in zip(prompts, rows, futures):
+            group = fut.result().sequences
+            r = [gsm8k_reward(tok.decode(s.tokens, skip_special_tokens=True), answer_of(row)) for s in group]
+            mean = sum(r) / G
+            datums += [Datum(prompt, s.tokens, s.logprobs, advantages=ri - mean) for s, ri in zip(group, r)]
+            rewards += r
+        fb = tc.forward_backward(datums, loss_fn="ppo", loss_fn_config={"temperature": T})
+        lr = args.lr * min(1.0, (step + 1) / args.warmup_steps) if args.warmup_steps else args.lr
+        op = tc.optim_step(AdamParams(learning_rate=lr, **adam))
+        out, opt = fb.result(), op.result()
+        history.append({"step": step + 1, "reward": sum(rewards) / len(rewards), "loss": out.loss, **opt})
+        if rank == 0:
+            print(f"step {step + 1}: reward {history[-1]['reward']:.3f} loss {out.loss:.4f} "
+                  f"grad_norm {opt['grad_norm']:.4f}")
+        sc = tc.save_weights_and_get_sampling_client()  # the next rollouts use the updated policy
+    after = accuracy(sc, tok, val_rows, args.max_tokens, rank, world) if val_rows else None
+    if rank == 0:
+        print(f"held-out accuracy: before {before}, after {after}")
+    if args.output_dir:
+        tc.save_weights_for_sampler(args.output_dir, merge_weights=True).result()
+    tc.stop()
+    return {"before": before, "after": after, "history": history}
+
+
+if __name__ == "__main__":
+    main()
