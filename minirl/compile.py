@@ -75,6 +75,8 @@ def pch_dir(flags: tuple[str, ...]) -> Path | None:
 def _bin_dir() -> Path:
     d = cache_dir() / "bin"
     d.mkdir(mode=0o700, exist_ok=True)
+    if d.stat().st_mode & 0o777 != 0o700:  # a cache from before this rule
+        os.chmod(d, 0o700)
     return d
 
 

@@ -174,16 +174,17 @@ static int run_init(pid_t program, uid_t uid, int isolated, FILE *report) {
     while ((pid = wait(&st)) != program)
         if (pid < 0 && errno != EINTR) return 111;
     status = WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
-    if (!isolated) {                                   /* not PID 1: kill(-1) as the uid reaches only its own */
-        pid_t killer = fork();
-        if (killer == 0) {
-            if (setgroups(0, NULL) || setgid(uid) || setuid(uid)) _exit(1);
-            while (kill(-1, SIGKILL) == 0) usleep(1000);
-            _exit(0);
-        }
-    }
-    for (;;) {
+    for (;;) {                                        /* kill, reap one, again: until no child is left */
         if (isolated) kill(-1, SIGKILL);              /* PID 1: every other process of the namespace */
+        else {                                        /* not PID 1: kill(-1) as the uid reaches only its own */
+            pid_t killer = fork();
+            if (killer == 0) {
+                if (setgroups(0, NULL) || setgid(uid) || setuid(uid)) _exit(1);
+                kill(-1, SIGKILL);
+                _exit(0);
+            }
+            while (killer > 0 && waitpid(killer, &st, 0) < 0 && errno == EINTR) {}
+        }
         pid = wait(&st);
         if (pid < 0 && errno == ECHILD) break;
     }

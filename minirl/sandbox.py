@@ -218,7 +218,8 @@ def run_sandboxed(argv: list[str], rundir: Path, name: str, *, uid: int, time_li
         cwd, opts = str(host_work), []
     if cgroups is not None:
         try:
-            cg = cgroups.create(f"u{uid}", (memory_mb + 64) << 20, NPROC)
+            cg = cgroups.run(f"u{uid}")
+            cg.begin((memory_mb + 64) << 20, NPROC)     # 64 MiB for page cache and kernel memory
             opts += [a for p in cg.procs for a in ("-g", p)]
         except OSError as e:
             log.warning("no cgroup for this run (%s): rlimits only", e)
@@ -254,7 +255,7 @@ def run_sandboxed(argv: list[str], rundir: Path, name: str, *, uid: int, time_li
             oom = cg.oom_killed()
     finally:
         if cg is not None:
-            cg.remove()
+            cg.kill_all()
         report.unlink(missing_ok=True)
         if host_work is not None and workdir is None:
             remove_tree(host_work)
