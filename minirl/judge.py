@@ -1,24 +1,30 @@
 """A sandboxed judge for model-written C++ and Python programs, run by a pool of workers.
 
-    judge = Judge(workers=os.cpu_count())
+    judge = Judge()                                     # workers: this process's share of the cores
     res = judge.run(source, "cpp", tests=[{"input": "1 2\\n", "output": "3"}], time_limit_s=2, memory_limit_mb=256)
     res.verdict, res.passed, res.total                  # "AC" | "WA" | "TLE" | "MLE" | "RE" | "CE" | "OLE"
     results = judge.run_many([dict(source=..., language="python", tests=...), ...])   # parallel, order kept
 
     python -m minirl.judge --language cpp --source sol.cpp --tests tests.json [--time-limit-s 2] [--memory-limit-mb 256]
 
-The pool: `workers` threads, each driving one sandboxed process at a time (compiler or program): the work
-happens in those processes, so threads give the parallelism without a process pool's pitfalls (a spawn/
-forkserver pool re-imports the caller's __main__). Each worker has its own sandbox uid.
+The pool: `workers` threads (default: this process's share of the cores, `cores // LOCAL_WORLD_SIZE`), each
+driving one sandboxed process at a time (compiler or program): the work happens in those processes, so threads
+give the parallelism without a process pool's pitfalls. Each worker runs as a sandbox uid leased for this Judge
+alone, host-wide (minirl/sandbox.py: `lease_uids`), so judges of several ranks, or eval.py beside train.py,
+never touch each other's programs.
 
-Speed: C++ is compiled once per unique (source, flags) (binaries cached by hash), against a precompiled
-<bits/stdc++.h> built once per flag set (g++ 12: ~1.5 s -> ~0.25 s per compile). Python syntax errors are found
-by `compile()` in the worker, without running anything, and reported as CE. Jobs run in parallel; the tests of
-one program run one after another and stop at the first TLE (every later test would cost a full time limit,
-and both reward styles give the same reward from that point).
+Speed: C++ is compiled once per unique (source, flags), against a force-included precompiled <bits/stdc++.h>
+(minirl/compile.py); binaries and compile errors are cached by hash. Python syntax errors are found by
+`compile()` in the worker, without running anything, and reported as CE. Jobs run in parallel; the tests of one
+program run one after another and stop at the first TLE (every later test would cost a full time limit, and
+both reward styles give the same reward from that point). Output is compared as bytes, token by token, and
+never decoded (a 64 MiB flood of garbage costs one token).
 
-Isolation: see minirl/sandbox.py (namespaces, private tmpfs, rlimits, a uid per worker; `Judge.isolation`
-says which mode this machine allows).
+Failures are verdicts: whatever a program does, `run`/`run_many` return a result for it (a failure of the judge
+itself on one job is logged and returned as RE); only a call the caller got wrong (an unknown language) raises.
+
+Isolation: minirl/sandbox.c and sandbox.py (a new root per run, seccomp, cgroups, leased uids; `Judge.isolation`
+says which mode this machine allows, the README what each guarantees).
 """
 from __future__ import annotations
 
@@ -144,6 +150,8 @@ def _judge(source: str, language: str, tests: list[dict], time_limit_s: float, m
     total = len(tests)
     root = Path(tempfile.mkdtemp(prefix="run-", dir=cache_dir()))  # 0700: host-side files of this job
     try:
+        if mode == "uid":
+            os.chmod(root, 0o711)  # the program's own work folder (0700, its uid) is inside
         if language == "cpp":
             binary, message, compile_s = compile_cpp(source, cxx_flags, uid, mode, cgroups)
             if binary is None:
@@ -229,6 +237,7 @@ class Judge:
         self.workers = workers or default_workers()
         self.cxx_flags = tuple(cxx_flags)
         self._lease = lease_uids(self.workers)
+        self.uids = list(self._lease.uids)  # this Judge's sandbox uids, its alone on this host
         self._uids: queue.SimpleQueue[int] = queue.SimpleQueue()
         for uid in self._lease.uids:
             self._uids.put(uid)

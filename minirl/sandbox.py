@@ -121,10 +121,15 @@ class UidLease:
         self.uids, self.fds = [], []
 
 
+def lease_folder() -> Path:
+    """Host-wide, whatever MINIRL_JUDGE_CACHE says: judges with different caches still share uids."""
+    return Path("/run/minirl-judge-uids") if os.geteuid() == 0 else \
+        Path(tempfile.gettempdir()) / f"minirl-judge-uids-{os.getuid()}"
+
+
 def lease_uids(n: int) -> UidLease:
     """`n` sandbox uids that no other live lease on this host holds, none of them an account's or a group's."""
-    folder = Path("/run/minirl-judge-uids") if os.geteuid() == 0 else \
-        Path(tempfile.gettempdir()) / f"minirl-judge-uids-{os.getuid()}"
+    folder = lease_folder()
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     taken = {p.pw_uid for p in pwd.getpwall()} | {g.gr_gid for g in grp.getgrall()}
     lease = UidLease([], [])

@@ -12,7 +12,9 @@ Both judges get the same batch, one after the other, in one run:
   set and machine, as in training).
 Prints programs/s for both, the ratio, the verdicts' agreement, and minirl's fraction of the limit: the busy
 time it needs (sum of compile-with-PCH and of test run times) divided by cores x wall time. 100% would mean
-every core judged all the time with zero overhead.
+every core judged all the time with zero overhead. Last, the sandbox's per-test overhead: the wall time per
+test of a C++ program that does nothing (one worker, binary cached, so it is all sandbox: namespaces, the new
+root, the cgroup, seccomp, exec, kill-and-reap), with cgroups and without.
 """
 from __future__ import annotations
 
@@ -118,6 +120,7 @@ def main() -> None:
             results[lang] = judge.run_many(batch)
             t_minirl[lang] = time.perf_counter() - t0
         isolation = judge.isolation
+    overhead = {label: per_test_overhead_ms(cgroups) for label, cgroups in (("cgroups", True), ("no cgroups", False))}
     shutil.rmtree(cache, ignore_errors=True)
 
     print(f"isolation: {isolation}")
@@ -137,6 +140,19 @@ def main() -> None:
     from collections import Counter
     print("minirl verdicts:", dict(Counter(r.verdict for k in langs for r in results[k])))
     print("% of limit = (sum of compile-with-PCH + test run times) / (cores x wall time)")
+    print("sandbox overhead per test (empty C++ program, 1 worker): " +
+          ", ".join(f"{label} {ms:.1f} ms" for label, ms in overhead.items()))
+
+
+def per_test_overhead_ms(cgroups: bool, n: int = 100) -> float:
+    from minirl.judge import Judge
+    with Judge(workers=1, cgroups=cgroups) as judge:
+        tests = [{"input": "", "output": ""}] * n
+        judge.run("int main() {}\n", "cpp", tests)  # compile once
+        t0 = time.perf_counter()
+        res = judge.run("int main() {}\n", "cpp", tests)
+        assert res.verdict == "AC", res
+        return (time.perf_counter() - t0) / n * 1e3
 
 
 if __name__ == "__main__":

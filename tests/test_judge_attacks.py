@@ -4,6 +4,7 @@ Each program here earns AC only if its attack works (it prints the right answer 
 reports a capability it should not have), so `verdict != "AC"` is the property. The judges run with and without
 cgroups (`cgroups=False` is what a host without writable cgroups gets), so both paths stay tested.
 """
+import fcntl
 import json
 import os
 import platform
@@ -18,7 +19,7 @@ import pytest
 
 from conftest import ROOT, SHARED
 from minirl.judge import Judge, outputs_match
-from minirl.sandbox import cache_dir, lease_uids, remove_tree
+from minirl.sandbox import cache_dir, lease_folder, lease_uids, remove_tree
 
 AB = [{"input": "1 2\n", "output": "3"}]
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox's namespaces need root")
@@ -289,9 +290,12 @@ def test_two_judges_on_one_host_lease_disjoint_uids_never_an_accounts(tmp_path):
     finally:
         holder.stdin.close()
         holder.wait()
-    again = lease_uids(3)  # the holder's process ended: its uids are free again, nothing leaked
-    assert theirs & set(again.uids) or len(again.uids) == 3
-    again.release()
+    for uid in theirs:  # the holder's process ended: the kernel released its uids, nothing leaked
+        fd = os.open(lease_folder() / f"{uid}.lock", os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
 
 
 @root_only
@@ -331,3 +335,19 @@ def test_a_compile_error_is_cached(judge):
     first, second = judge.run(src, "cpp", AB), judge.run(src, "cpp", AB)
     assert first.verdict == second.verdict == "CE" and first.compile_s > 0 and second.compile_s == 0.0
     assert "undefined_" in second.message
+
+
+@root_only
+def test_uid_mode_without_namespaces_still_judges_and_leaves_no_process():
+    """The fallback where namespaces fail: the kill-and-reap by uid must still catch setsid() children."""
+    from minirl.judge import judge_job
+    lease = lease_uids(1)
+    uid = lease.uids[0]
+    orphan = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint(3)\n"
+    try:
+        verdicts = [judge_job(src, "python", AB, time_limit_s=1.0, mode="uid", uid=uid).verdict
+                    for src in ("print(sum(map(int, input().split())))", "while True:\n    pass\n", orphan)]
+        alive = subprocess.run(["ps", "-o", "pid=", "-u", str(uid)], capture_output=True, text=True).stdout.split()
+    finally:
+        lease.release()
+    assert verdicts == ["AC", "TLE", "AC"] and alive == []
