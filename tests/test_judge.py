@@ -34,6 +34,7 @@ def sandbox_processes(judge) -> list[str]:
 @pytest.mark.parametrize("source,language,verdict,passed", [
     (AB_CPP, "cpp", "AC", 2),
     (AB_PY, "python", "AC", 2),
+    (AB_PY + "exit()\n", "python", "AC", 2),                          # site's exit(), as real solutions call it
     ("print(3)", "python", "WA", 1),
     ("int main() { return 0 }", "cpp", "CE", 0),
     ("print(1", "python", "CE", 0),                                   # syntax errors are CE (documented)
