@@ -351,3 +351,10 @@ def test_uid_mode_without_namespaces_still_judges_and_leaves_no_process():
     finally:
         lease.release()
     assert verdicts == ["AC", "TLE", "AC"] and alive == []
+
+
+def test_cgroups_can_be_switched_off_for_hosts_where_they_are_not_writable(monkeypatch):
+    monkeypatch.setenv("MINIRL_JUDGE_CGROUPS", "0")
+    with Judge(workers=1) as j:
+        assert j.cgroups is None
+        assert j.run("print(sum(map(int, input().split())))", "python", AB).verdict == "AC"
