@@ -44,7 +44,6 @@ def test_stored_answers_are_not_readable(judge):
     row = json.loads(next((SHARED / "code" / "icpc_kattis_problems.jsonl").open())) \
         if (SHARED / "code").is_dir() else {"tests": [{"input": "1 2\n", "output": "3"}]}
     test = row["tests"][0]
-    Path(ROOT / "data" / "prepared").mkdir(parents=True, exist_ok=True)
     src = f"""
     import glob, json, os, sys
     stdin = sys.stdin.read()
