@@ -162,7 +162,8 @@ def _judge(source: str, language: str, tests: list[dict], time_limit_s: float, m
             if message:
                 return JudgeResult("CE", 0, total, message=message[:MESSAGE_LIMIT])
             (root / "main.py").write_text(source)
-            argv, files, compile_s = ["python3", "-I", "main.py"], {"main.py": root / "main.py"}, 0.0  # -I, not -S: site defines exit()
+            # -I (no user site, no environment), not -S: site defines exit() and quit(), which solutions call
+            argv, files, compile_s = ["python3", "-I", "main.py"], {"main.py": root / "main.py"}, 0.0
         results, passed, verdict, message = [], 0, "AC", ""
         for i, test in enumerate(tests):
             (root / f"t{i}.in").write_text(test["input"])
