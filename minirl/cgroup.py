@@ -2,7 +2,7 @@
 and the CPU time of every descendant.
 
     groups = Cgroups.detect()              # None where cgroups are not writable, or MINIRL_JUDGE_CGROUPS=0
-    cg = groups.run("u61000")              # one per worker, reused
+    cg = groups.run("u62000")              # one per worker, reused
     cg.begin(memory_bytes=..., pids=64)    # limits, counters' starting values
     ... start the sandbox with `-g path` for each path in cg.procs ...
     cg.cpu_s(), cg.oom_killed(); cg.kill_all()
