@@ -125,9 +125,11 @@ class UidLease:
 
 
 def lease_folder() -> Path:
-    """Host-wide, whatever MINIRL_JUDGE_CACHE says: judges with different caches still share uids."""
-    return Path("/run/minirl-judge-uids") if os.geteuid() == 0 else \
+    """Host-wide, whatever MINIRL_JUDGE_CACHE says: judges with different caches still share uids.
+    MINIRL_JUDGE_LEASES moves it (tests use a folder of their own, so other judges on the host don't race them)."""
+    default = Path("/run/minirl-judge-uids") if os.geteuid() == 0 else \
         Path(tempfile.gettempdir()) / f"minirl-judge-uids-{os.getuid()}"
+    return Path(os.environ.get("MINIRL_JUDGE_LEASES", default))
 
 
 def lease_uids(n: int) -> UidLease:

@@ -274,7 +274,8 @@ def test_garbage_output_is_compared_without_decoding_it(judge, prefix):
     assert peak < 16 << 20, f"judging 60 MiB of output took {peak >> 20} MiB in the judge"
 
 
-def test_two_judges_on_one_host_lease_disjoint_uids_never_an_accounts(tmp_path):
+def test_two_judges_on_one_host_lease_disjoint_uids_never_an_accounts(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIRL_JUDGE_LEASES", str(tmp_path))  # both processes; no other judge can race the check
     holder = subprocess.Popen([sys.executable, "-c", "import sys; sys.path.insert(0, %r)\n"
                                "from minirl.sandbox import lease_uids\n"
                                "uids = lease_uids(3); print(*uids.uids, flush=True); sys.stdin.read()" % str(ROOT)],
