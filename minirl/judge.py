@@ -1,50 +1,55 @@
 """A sandboxed judge for model-written C++ and Python programs, run by a pool of workers.
 
-    judge = Judge(workers=os.cpu_count())
+    judge = Judge()                                     # workers: this process's share of the cores
     res = judge.run(source, "cpp", tests=[{"input": "1 2\\n", "output": "3"}], time_limit_s=2, memory_limit_mb=256)
     res.verdict, res.passed, res.total                  # "AC" | "WA" | "TLE" | "MLE" | "RE" | "CE" | "OLE"
     results = judge.run_many([dict(source=..., language="python", tests=...), ...])   # parallel, order kept
 
     python -m minirl.judge --language cpp --source sol.cpp --tests tests.json [--time-limit-s 2] [--memory-limit-mb 256]
 
-The pool: `workers` threads, each driving one sandboxed process at a time (compiler or program): the work
-happens in those processes, so threads give the parallelism without a process pool's pitfalls (a spawn/
-forkserver pool re-imports the caller's __main__). Each worker has its own sandbox uid.
+The pool: `workers` threads (default: this process's share of the cores, `cores // LOCAL_WORLD_SIZE`), each
+driving one sandboxed process at a time (compiler or program): the work happens in those processes, so threads
+give the parallelism without a process pool's pitfalls. Each worker runs as a sandbox uid leased for this Judge
+alone, host-wide (minirl/sandbox.py: `lease_uids`), so judges of several ranks, or eval.py beside train.py,
+never touch each other's programs.
 
-Speed: C++ is compiled once per unique (source, flags) (binaries cached by hash), against a precompiled
-<bits/stdc++.h> built once per flag set (g++ 12: ~1.5 s -> ~0.25 s per compile). Python syntax errors are found
-by `compile()` in the worker, without running anything, and reported as CE. Jobs run in parallel; the tests of
-one program run one after another and stop at the first TLE (every later test would cost a full time limit,
-and both reward styles give the same reward from that point).
+Speed: C++ is compiled once per unique (source, flags), against a force-included precompiled <bits/stdc++.h>
+(minirl/compile.py); binaries and compile errors are cached by hash. Python syntax errors are found by
+`compile()` in the worker, without running anything, and reported as CE. Jobs run in parallel; the tests of one
+program run one after another and stop at the first TLE (every later test would cost a full time limit, and
+both reward styles give the same reward from that point). Output is compared as bytes, token by token, and
+never decoded (a 64 MiB flood of garbage costs one token).
 
-Isolation: see minirl/sandbox.py (namespaces, private tmpfs, rlimits, a uid per worker; `Judge.isolation`
-says which mode this machine allows).
+Failures are verdicts: whatever a program does, `run`/`run_many` return a result for it (a failure of the judge
+itself on one job is logged and returned as RE); only a call the caller got wrong (an unknown language) raises.
+
+Isolation: minirl/sandbox.c and sandbox.py (a new root per run, seccomp, cgroups, leased uids; `Judge.isolation`
+says which mode this machine allows, the README what each guarantees).
 """
 from __future__ import annotations
 
 import concurrent.futures as futures
-import hashlib
-import itertools
 import json
+import logging
 import math
+import mmap
 import os
-import shutil
+import queue
+import re
 import signal
-import subprocess
 import tempfile
-import threading
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from minirl.sandbox import OUTPUT_LIMIT_BYTES, cache_dir, isolation_mode, run_sandboxed, unique_tmp
+from minirl.cgroup import Cgroups
+from minirl.compile import MESSAGE_LIMIT, compile_cpp, pch_dir, tail
+from minirl.sandbox import OUTPUT_LIMIT_BYTES, cache_dir, isolation_mode, lease_uids, remove_tree, run_sandboxed
 
+log = logging.getLogger(__name__)
 VERDICTS = ("AC", "WA", "TLE", "MLE", "RE", "CE", "OLE")
 CXX_FLAGS = ("-std=c++17", "-O2")
-MESSAGE_LIMIT = 2000               # characters of compiler/stderr text kept in a result
-UID_BASE = 61000
-_worker = threading.local()       # .uid: this worker thread's sandbox uid
-_slots = itertools.count()
+PYTHON_SOURCE_LIMIT = 1 << 20      # compile() of a larger source in the judge's own process is not worth the risk
+LANGUAGES = {"cpp": "cpp", "c++": "cpp", "python": "python", "python3": "python"}
 
 
 @dataclass
@@ -60,116 +65,58 @@ class JudgeResult:
         return asdict(self)
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    """A hard link costs nothing (the 100 MB PCH, binaries); root owns the file, so the sandbox can't change it."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy(src, dst)
-
-
-def _tail(path: Path, limit: int = MESSAGE_LIMIT) -> str:
-    with open(path, "rb") as f:
-        return f.read(limit).decode("utf-8", "replace")
-
-
 # --- comparing -------------------------------------------------------------------------------------------
 
-def outputs_match(actual: str, expected: str, float_tolerance: float | None = None) -> bool:
-    """Token-wise, whitespace-insensitive; with a tolerance, numeric tokens match if |a-b| <= tol*max(1,|b|)."""
-    a, e = actual.split(), expected.split()
-    if len(a) != len(e):
-        return False
-    for x, y in zip(a, e):
-        if x == y:
-            continue
-        if float_tolerance is None:
+_TOKEN = re.compile(rb"\S+")       # bytes.split()'s whitespace: space, \t, \n, \r, \v, \f
+
+
+def outputs_match(actual: bytes | str | mmap.mmap, expected: str, float_tolerance: float | None = None) -> bool:
+    """Token-wise and whitespace-insensitive, on bytes; stops at the first mismatch or the first token past the
+    expected ones, so 64 MiB of garbage costs one token. With a tolerance, numeric tokens match if both are
+    finite and |a-b| <= tol*max(1,|b|) (an expected "inf" must then be printed as the same token)."""
+    want = expected.encode().split()
+    actual = actual.encode() if isinstance(actual, str) else actual
+    n = 0
+    for m in _TOKEN.finditer(actual):
+        if n == len(want):
             return False
-        try:
-            fx, fy = float(x), float(y)
-        except ValueError:
+        x, y = m.group(), want[n]
+        n += 1
+        if x != y and not (float_tolerance is not None and _close(x, y, float_tolerance)):
             return False
-        if not (math.isfinite(fx) and abs(fx - fy) <= float_tolerance * max(1.0, abs(fy))):
-            return False
-    return True
+    return n == len(want)
 
 
-# --- compiling -------------------------------------------------------------------------------------------
-
-def _pch_dir(flags: tuple[str, ...]) -> Path | None:
-    """Folder holding bits/stdc++.h and its precompiled .gch for these flags (built once, under a lock)."""
-    header = next(iter(sorted(Path("/usr/include").glob("*/c++/*/bits/stdc++.h"))), None)
-    if header is None:
-        return None
-    key = hashlib.sha256(("\0".join(flags) + str(header)).encode()).hexdigest()[:16]
-    d = cache_dir() / "pch" / key
-    gch = d / "bits" / "stdc++.h.gch"
-    if gch.exists():
-        return d
-    (d / "bits").mkdir(parents=True, exist_ok=True)
-    import fcntl
-    with open(d / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not gch.exists():
-            shutil.copy(header, d / "bits" / "stdc++.h")
-            tmp = unique_tmp(gch)
-            r = subprocess.run(["g++", *flags, "-x", "c++-header", str(d / "bits" / "stdc++.h"), "-o", str(tmp)],
-                               capture_output=True, timeout=120)
-            if r.returncode != 0:
-                return None
-            os.replace(tmp, gch)
-    return d
-
-
-def _compile_cpp(source: str, flags: tuple[str, ...], uid: int, mode: str) -> tuple[Path | None, str, float]:
-    """Binary path (cached by hash of source and flags), compiler message, seconds spent compiling."""
-    key = hashlib.sha256(("\0".join(flags) + "\0" + source).encode()).hexdigest()
-    binary = cache_dir() / "bin" / key
-    if binary.exists():
-        return binary, "", 0.0
-    binary.parent.mkdir(parents=True, exist_ok=True)
-    pch = _pch_dir(flags)
-    work = Path(tempfile.mkdtemp(prefix="cc-", dir=cache_dir()))
+def _close(x: bytes, y: bytes, tol: float) -> bool:
     try:
-        (work / "main.cpp").write_text(source)
-        if mode != "rlimits":
-            os.chown(work, uid, uid)
-        include = ["-I", str(pch)] if pch else []
-        if pch and mode == "namespaces":  # the sandbox cannot see the cache (tmpfs over /tmp): link the PCH in, read-only
-            (work / "pch" / "bits").mkdir(parents=True)
-            for f in ("stdc++.h", "stdc++.h.gch"):
-                _link_or_copy(pch / "bits" / f, work / "pch" / "bits" / f)
-            include = ["-I", "pch"]
-        t0 = time.perf_counter()
-        # gold links ~5x faster than bfd (0.01 vs 0.05 s): 10% of a compile with the PCH
-        link = ["-fuse-ld=gold"] if shutil.which("ld.gold") else []
-        r = run_sandboxed(["g++", *flags, *include, *link, "main.cpp", "-o", "main"], work, None, uid,
-                           time_limit_s=30, memory_mb=4096, mode=mode, output_limit=1 << 20)
-        seconds = time.perf_counter() - t0
-        if r["returncode"] != 0 or not (work / "main").exists():
-            why = "compilation timed out" if r["timed_out"] else _tail(r["err"])
-            return None, why, seconds
-        tmp = unique_tmp(binary)
-        shutil.copy(work / "main", tmp)
-        os.replace(tmp, binary)
-        return binary, "", seconds
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-        for suffix in (".out", ".err", ".usage"):
-            Path(str(work) + suffix).unlink(missing_ok=True)
+        fx, fy = float(x), float(y)
+    except ValueError:
+        return False
+    return math.isfinite(fx) and math.isfinite(fy) and abs(fx - fy) <= tol * max(1.0, abs(fy))
 
 
-# --- one job (runs in a worker process) ------------------------------------------------------------------
+def _output_matches(path: Path, expected: str, float_tolerance: float | None) -> bool:
+    """The program's output file against the expected text, mapped rather than read (never decoded)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return outputs_match(b"", expected, float_tolerance)
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return outputs_match(data, expected, float_tolerance)
+
+
+# --- one job ---------------------------------------------------------------------------------------------
 
 def _classify(r: dict, time_limit_s: float, memory_mb: int, output_limit: int) -> str | None:
     """Verdict of a finished run, or None if it exited cleanly (then the output decides AC/WA)."""
     rc = r["returncode"]
     if r["timed_out"] or r["cpu_s"] > time_limit_s or rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
         return "TLE"
+    if r["oom"]:
+        return "MLE"
     if r["out"].stat().st_size > output_limit or rc in (-signal.SIGXFSZ, 128 + signal.SIGXFSZ):
         return "OLE"
     if rc != 0:
-        err = _tail(r["err"], 20000)
+        err = tail(r["err"], 20000)
         near_limit = r["max_rss_mb"] is not None and r["max_rss_mb"] >= 0.95 * memory_mb
         if "MemoryError" in err or "bad_alloc" in err or near_limit:
             return "MLE"
@@ -179,98 +126,126 @@ def _classify(r: dict, time_limit_s: float, memory_mb: int, output_limit: int) -
 
 def judge_job(source: str, language: str, tests: list[dict], time_limit_s: float = 2.0,
               memory_limit_mb: int = 256, float_tolerance: float | None = None, checker: dict | None = None,
-              cxx_flags: tuple[str, ...] = CXX_FLAGS, mode: str | None = None) -> JudgeResult:
-    """Compile (if needed) and run `source` on every test. Runs in the calling process."""
-    mode = isolation_mode() if mode is None else mode
-    uid = getattr(_worker, "uid", UID_BASE + 999)
-    total = len(tests)
-    if language in ("cpp", "c++"):
-        binary, message, compile_s = _compile_cpp(source, tuple(cxx_flags), uid, mode)
-        if binary is None:
-            return JudgeResult("CE", 0, total, message=message[:MESSAGE_LIMIT], compile_s=compile_s)
-        argv, files = ["./main"], {"main": binary}
-    elif language in ("python", "python3"):
-        try:
-            compile(source, "main.py", "exec")
-        except (SyntaxError, ValueError) as e:
-            return JudgeResult("CE", 0, total, message=f"{type(e).__name__}: {e}"[:MESSAGE_LIMIT])
-        argv, files, compile_s = ["python3", "-I", "-S", "main.py"], {}, 0.0
-    else:
-        raise ValueError(f"unsupported language {language!r}; use 'cpp' or 'python'")
-    results, passed, verdict, message = [], 0, "AC", ""
-    root = Path(tempfile.mkdtemp(prefix="run-", dir=cache_dir()))
-    os.chmod(root, 0o755)
+              cxx_flags: tuple[str, ...] = CXX_FLAGS, mode: str | None = None, uid: int | None = None,
+              cgroups: Cgroups | None = None) -> JudgeResult:
+    """Compile (if needed) and run `source` on every test, in the calling thread. Never raises for anything a
+    program does: a failure of the judge itself on this job is logged and returned as RE."""
+    lease = lease_uids(1) if uid is None else None
     try:
+        uid = lease.uids[0] if lease else uid
+        mode = isolation_mode(uid) if mode is None else mode
+        return _judge(source, LANGUAGES[language], tests, time_limit_s, memory_limit_mb, float_tolerance,
+                      checker, tuple(cxx_flags), mode, uid, cgroups)
+    except Exception as e:  # noqa: BLE001 -- one job must never stop a training run
+        log.exception("judge error on one job")
+        return JudgeResult("RE", 0, len(tests), message=f"judge error: {type(e).__name__}: {e}"[:MESSAGE_LIMIT])
+    finally:
+        if lease:
+            lease.release()
+
+
+def _judge(source: str, language: str, tests: list[dict], time_limit_s: float, memory_mb: int,
+           float_tolerance: float | None, checker: dict | None, cxx_flags: tuple[str, ...], mode: str, uid: int,
+           cgroups: Cgroups | None) -> JudgeResult:
+    total = len(tests)
+    root = Path(tempfile.mkdtemp(prefix="run-", dir=cache_dir()))  # 0700: host-side files of this job
+    try:
+        if mode == "uid":
+            os.chmod(root, 0o711)  # the program's own work folder (0700, its uid) is inside
+        if language == "cpp":
+            binary, message, compile_s = compile_cpp(source, cxx_flags, uid, mode, cgroups)
+            if binary is None:
+                return JudgeResult("CE", 0, total, message=message[:MESSAGE_LIMIT], compile_s=compile_s)
+            argv, files = ["./main"], {"main": binary}
+        else:
+            message = _python_syntax_error(source)
+            if message:
+                return JudgeResult("CE", 0, total, message=message[:MESSAGE_LIMIT])
+            (root / "main.py").write_text(source)
+            # -I (no user site, no environment), not -S: site defines exit() and quit(), which solutions call
+            argv, files, compile_s = ["python3", "-I", "main.py"], {"main.py": root / "main.py"}, 0.0
+        results, passed, verdict, message = [], 0, "AC", ""
         for i, test in enumerate(tests):
-            work = root / f"t{i}"
-            work.mkdir()
-            if language.startswith("python"):
-                (work / "main.py").write_text(source)
-            for name, src in files.items():
-                _link_or_copy(src, work / name)
             (root / f"t{i}.in").write_text(test["input"])
-            if mode != "rlimits":
-                os.chown(work, uid, uid)
-            r = run_sandboxed(argv, work, root / f"t{i}.in", uid, time_limit_s, memory_limit_mb, mode)
-            v = _classify(r, time_limit_s, memory_limit_mb, OUTPUT_LIMIT_BYTES)
+            r = run_sandboxed(argv, root, f"t{i}", uid=uid, time_limit_s=time_limit_s, memory_mb=memory_mb,
+                              mode=mode, stdin_path=root / f"t{i}.in", files=files, cgroups=cgroups)
+            v = _classify(r, time_limit_s, memory_mb, OUTPUT_LIMIT_BYTES)
             if v is None:
-                actual = r["out"].read_bytes().decode("utf-8", "replace")
-                ok = _check(checker, test, actual, root, i, uid, mode) if checker else \
-                    outputs_match(actual, test["output"], float_tolerance)
+                ok = _check(checker, test, r["out"], root, i, uid, mode, cgroups) if checker else \
+                    _output_matches(r["out"], test["output"], float_tolerance)
                 v = "AC" if ok else "WA"
             results.append({"verdict": v, "time_s": round(r["cpu_s"], 4), "wall_s": round(r["wall_s"], 4),
                             "memory_mb": None if r["max_rss_mb"] is None else round(r["max_rss_mb"], 1)})
-            shutil.rmtree(work, ignore_errors=True)
             if v == "AC":
                 passed += 1
             elif verdict == "AC":
-                verdict, message = v, _tail(r["err"])
+                verdict, message = v, tail(r["err"])
+            for name in (f"t{i}.in", f"t{i}.out", f"t{i}.err"):
+                (root / name).unlink(missing_ok=True)
             if v == "TLE":
                 break
+        return JudgeResult(verdict, passed, total, results, message, compile_s)
     finally:
-        shutil.rmtree(root, ignore_errors=True)
-    return JudgeResult(verdict, passed, total, results, message, compile_s)
+        remove_tree(root)
 
 
-def _check(checker: dict, test: dict, actual: str, root: Path, i: int, uid: int, mode: str) -> bool:
+def _python_syntax_error(source: str) -> str:
+    """CE message, or "" if `source` compiles. Pathological sources make compile() raise RecursionError or
+    MemoryError: the program could not run either, so those are compile errors too."""
+    if len(source) > PYTHON_SOURCE_LIMIT:
+        return f"source longer than {PYTHON_SOURCE_LIMIT} characters"
+    try:
+        compile(source, "main.py", "exec")
+    except Exception as e:  # noqa: BLE001 -- SyntaxError, ValueError (NUL), RecursionError, MemoryError, ...
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
+def _check(checker: dict, test: dict, out: Path, root: Path, i: int, uid: int, mode: str,
+           cgroups: Cgroups | None) -> bool:
     """A special checker: a program run as `checker input expected actual`; exit code 0 accepts."""
-    work = root / f"c{i}"
-    work.mkdir()
-    for name, text in (("input.txt", test["input"]), ("expected.txt", test["output"]), ("actual.txt", actual)):
-        (work / name).write_text(text)
+    (root / f"c{i}.exp").write_text(test["output"])
+    files = {"input.txt": root / f"t{i}.in", "expected.txt": root / f"c{i}.exp", "actual.txt": out}
     if checker.get("language", "python").startswith("python"):
-        (work / "checker.py").write_text(checker["source"])
-        argv = ["python3", "-I", "checker.py"]
+        (root / "checker.py").write_text(checker["source"])
+        argv, files["checker.py"] = ["python3", "-I", "checker.py"], root / "checker.py"
     else:
-        binary, _, _ = _compile_cpp(checker["source"], CXX_FLAGS, uid, mode)
+        binary, _, _ = compile_cpp(checker["source"], CXX_FLAGS, uid, mode, cgroups)
         if binary is None:
             raise ValueError("the special checker does not compile")
-        _link_or_copy(binary, work / "checker")
-        argv = ["./checker"]
-    if mode != "rlimits":
-        os.chown(work, uid, uid)
-    r = run_sandboxed(argv + ["input.txt", "expected.txt", "actual.txt"], work, None, uid, 10.0, 1024, mode)
-    shutil.rmtree(work, ignore_errors=True)
+        argv, files["checker"] = ["./checker"], binary
+    r = run_sandboxed(argv + ["input.txt", "expected.txt", "actual.txt"], root, f"c{i}", uid=uid,
+                      time_limit_s=10.0, memory_mb=1024, mode=mode, files=files, cgroups=cgroups)
+    for p in (r["out"], r["err"], root / f"c{i}.exp"):
+        p.unlink(missing_ok=True)
     return r["returncode"] == 0
 
 
 # --- the pool --------------------------------------------------------------------------------------------
 
-def _init_worker() -> None:
-    _worker.uid = UID_BASE + next(_slots) % 900
+def default_workers() -> int:
+    """This process's share of the cores: torchrun starts LOCAL_WORLD_SIZE judging processes per host."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 class Judge:
-    """A pool of worker processes that judge programs; reuse one across training steps."""
+    """A pool of worker threads that judge programs; reuse one across training steps. Each worker drives one
+    sandboxed process at a time with a uid leased for this Judge alone (flock, host-wide)."""
 
-    def __init__(self, workers: int | None = None, cxx_flags: tuple[str, ...] = CXX_FLAGS):
-        self.workers = workers or os.cpu_count() or 1
+    def __init__(self, workers: int | None = None, cxx_flags: tuple[str, ...] = CXX_FLAGS,
+                 cgroups: bool = True):
+        self.workers = workers or default_workers()
         self.cxx_flags = tuple(cxx_flags)
-        self.isolation = isolation_mode()
-        self._pool = futures.ThreadPoolExecutor(self.workers, thread_name_prefix="judge",
-                                                initializer=_init_worker)
-        if shutil.which("g++"):
-            _pch_dir(self.cxx_flags)  # build the precompiled header once, up front
+        self._lease = lease_uids(self.workers)
+        self.uids = list(self._lease.uids)  # this Judge's sandbox uids, its alone on this host
+        self._uids: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for uid in self._lease.uids:
+            self._uids.put(uid)
+        self.isolation = isolation_mode(self._lease.uids[0])
+        self.cgroups = Cgroups.detect() if cgroups and self.isolation != "rlimits" else None
+        self._pool = futures.ThreadPoolExecutor(self.workers, thread_name_prefix="judge")
+        pch_dir(self.cxx_flags)  # build the precompiled header once, up front
 
     def run(self, source: str, language: str, tests: list[dict], time_limit_s: float = 2.0,
             memory_limit_mb: int = 256, float_tolerance: float | None = None,
@@ -281,12 +256,25 @@ class Judge:
 
     def run_many(self, jobs: list[dict]) -> list[JudgeResult]:
         """Judge many programs in parallel; results in the order of `jobs`."""
-        subs = [self._pool.submit(judge_job, **{"cxx_flags": self.cxx_flags, **job, "mode": self.isolation})
-                for job in jobs]
+        for job in jobs:
+            if job["language"] not in LANGUAGES:
+                raise ValueError(f"unsupported language {job['language']!r}; use 'cpp' or 'python'")
+        subs = [self._pool.submit(self._job, job) for job in jobs]
         return [s.result() for s in subs]
+
+    def _job(self, job: dict) -> JudgeResult:
+        uid = self._uids.get()  # as many uids as workers: never waits
+        try:
+            return judge_job(**{"cxx_flags": self.cxx_flags, **job, "mode": self.isolation, "uid": uid,
+                                "cgroups": self.cgroups})
+        finally:
+            self._uids.put(uid)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self.cgroups:
+            self.cgroups.close()
+        self._lease.release()
 
     def __enter__(self) -> "Judge":
         return self

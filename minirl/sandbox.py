@@ -1,31 +1,31 @@
-"""Run one process tree in a sandbox: namespaces, a private tmpfs, rlimits, an unprivileged uid, a time limit.
+"""Run one process tree in a deny-by-default sandbox; lease sandbox uids; remove folders safely.
 
-    result = run_sandboxed(["./main"], workdir, stdin_path, uid, time_limit_s=2, memory_mb=256, mode=isolation_mode())
-    result["returncode"], result["timed_out"], result["cpu_s"], result["max_rss_mb"], result["out"], result["err"]
+    lease = lease_uids(2)                            # uids no other live Judge on this host holds
+    mode = isolation_mode(lease.uids[0])             # "namespaces" | "uid" | "rlimits"
+    r = run_sandboxed(["python3", "main.py"], rundir, "t0", uid=lease.uids[0], time_limit_s=2, memory_mb=256,
+                      mode=mode, stdin_path=rundir / "t0.in", files={"main.py": rundir / "main.py"})
+    r["returncode"], r["timed_out"], r["cpu_s"], r["max_rss_mb"], r["oom"], r["out"], r["err"]
 
-The judge (minirl/judge.py) decides verdicts; this file only runs things. The work is done by sandbox.c,
-compiled once per machine (one process instead of six execs of util-linux's unshare/prlimit/setpriv, which
-remain the fallback without a C compiler).
-
-Isolation, when running as root with util-linux's `unshare` (checked at start; `Judge.isolation` says which):
-each test runs in fresh network, PID and mount namespaces (no network; `/proc` shows only the sandbox; private
-tmpfs over /tmp, /var/tmp and /dev/shm, so nothing written there survives), as an unprivileged uid of its
-own (61000 + worker slot: root ignores RLIMIT_NPROC, and a non-root uid cannot write the system's files), in a
-fresh working directory that is deleted afterwards, with a scrubbed environment and rlimits on CPU time,
-address space, stack, file size (bounds the output), processes (no fork bombs) and core dumps (none). When a
-test ends the whole namespace is killed (its init dies -> the kernel kills every process in it), so a child
-that called setsid() or daemonised does not survive. Not guaranteed: the filesystem is not hidden (programs
-can *read* world-readable files), and seccomp is not used. As root without working namespaces ("uid"), programs
-still run as a sandbox uid with rlimits (no fork bombs, no writes to root's files), but can use the network,
-write to /tmp and outlive a test via setsid(). Not root ("rlimits"): resource limits and a process group
-only; RLIMIT_NPROC then counts all of your processes. Judge untrusted code only with "namespaces".
+The judge (minirl/judge.py) decides verdicts; this file only runs things. The sandbox itself is minirl/sandbox.c
+(compiled once per machine), which says what a program sees: in "namespaces" mode (root, the normal case) a new
+root holding read-only /usr and /lib*, a minimal /etc and /dev, /proc of its own PID namespace, and an empty
+/work on a tmpfs bounded by the memory limit; no network, a seccomp filter, an unprivileged uid leased for this
+Judge alone. A cgroup per run (minirl/cgroup.py, when writable) counts memory outside the address space and the
+CPU time of every descendant; without one, sandbox.c's init still kills and reaps every descendant and reports
+their CPU time. "uid" (root, no namespaces): uid, rlimits, seccomp and the kill-and-reap, but the host's files
+are visible. "rlimits" (not root): rlimits and a process group only. Judge untrusted code only with
+"namespaces". README, section isolation, lists what holds in each case.
 """
 from __future__ import annotations
 
+import fcntl
 import functools
+import grp
 import hashlib
+import logging
 import math
 import os
+import pwd
 import select
 import shutil
 import signal
@@ -33,48 +33,136 @@ import subprocess
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from minirl.cgroup import Cgroups
+
+log = logging.getLogger(__name__)
 OUTPUT_LIMIT_BYTES = 64 << 20      # a program printing more than this is OLE
+# Sandbox uids; any that names an account or group is skipped. Not 61000-61899: judges from before leases took
+# those without asking and killed every process of their uid after each test, so one still running beside us
+# would kill our programs.
+UID_RANGE = range(62000, 62900)
+NPROC = 64                         # processes per run (no fork bombs)
 
 
 # --- where sandboxes live -----------------------------------------------------------------------------------------
 
 def cache_dir() -> Path:
-    """Binaries, the PCH and the sandboxes' working directories. Not under /tmp when root: the sandbox mounts a
-    private tmpfs there, which would hide its own working directory from absolute paths (python3 uses them)."""
+    """Binaries, the PCH and run folders: root's alone (0711: a "uid"-mode sandbox may pass through to its own
+    folder, but no sandbox can list it). Not under /tmp when root, where sandboxes of older versions mounted
+    their private tmpfs."""
     default = Path("/var/lib/minirl-judge") if os.geteuid() == 0 else \
         Path(tempfile.gettempdir()) / f"minirl-judge-{os.getuid()}"
     d = Path(os.environ.get("MINIRL_JUDGE_CACHE", default)).resolve()
     if os.geteuid() == 0 and any(d.is_relative_to(t) for t in ("/tmp", "/var/tmp", "/dev/shm")):
-        raise ValueError(f"MINIRL_JUDGE_CACHE={d} is under a directory the sandbox replaces with a private tmpfs; "
-                         "choose another folder (default /var/lib/minirl-judge)")
+        raise ValueError(f"MINIRL_JUDGE_CACHE={d} is under a world-writable directory; choose another folder "
+                         "(default /var/lib/minirl-judge)")
     d.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() == 0 and d.stat().st_mode & 0o755 != 0o755:
-        os.chmod(d, 0o755)  # sandbox uids must traverse it (python3 opens its script by absolute path)
+    if d.stat().st_mode & 0o777 != 0o711:
+        os.chmod(d, 0o711)
     return d
-
-
-def isolation_mode() -> str:
-    """"namespaces" (root + unshare works), "uid" (root, no namespaces: still drop to a sandbox uid) or
-    "rlimits" (not root: resource limits and a process group only)."""
-    if os.geteuid() != 0 or not shutil.which("setpriv"):
-        return "rlimits"
-    if shutil.which("unshare"):
-        probe = subprocess.run(["unshare", "--mount", "--net", "--pid", "--fork", "--mount-proc", "true"],
-                               capture_output=True, timeout=10)
-        if probe.returncode == 0:
-            return "namespaces"
-    return "uid"
 
 
 def unique_tmp(path: Path) -> Path:
     return path.with_name(f"{path.name}.tmp{os.getpid()}-{threading.get_ident()}")
 
 
+def remove_tree(path: Path) -> None:
+    """Delete a folder tree of any depth without recursion and without raising (a program can build a tree
+    deeper than Python's recursion limit or PATH_MAX). Walks with one open folder at a time, by relative names."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        log.warning("cannot remove %s: %s", path, e)
+        return
+    names: list[str] = []                       # the way down from `path` to the folder `fd` is open on
+    try:
+        while True:
+            sub = None
+            with os.scandir(fd) as it:
+                for entry in it:
+                    if entry.is_dir(follow_symlinks=False):
+                        sub = entry.name
+                        break
+                    os.unlink(entry.name, dir_fd=fd)
+            if sub is not None:                 # go down
+                child = os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd, _ = child, names.append(sub)
+            elif names:                         # empty: go up and remove it
+                parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd = parent
+                os.rmdir(names.pop(), dir_fd=fd)
+            else:
+                break
+        os.close(fd)
+        os.rmdir(path)
+    except OSError as e:
+        log.warning("cannot remove %s: %s", path, e)
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+# --- uids ------------------------------------------------------------------------------------------------------
+
+@dataclass
+class UidLease:
+    """Uids held through flock()ed files: the kernel releases them when this process ends, crash or not."""
+    uids: list[int]
+    fds: list[int]
+
+    def release(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.uids, self.fds = [], []
+
+
+def lease_folder() -> Path:
+    """Host-wide, whatever MINIRL_JUDGE_CACHE says: judges with different caches still share uids.
+    MINIRL_JUDGE_LEASES moves it (tests use a folder of their own, so other judges on the host don't race them)."""
+    default = Path("/run/minirl-judge-uids") if os.geteuid() == 0 else \
+        Path(tempfile.gettempdir()) / f"minirl-judge-uids-{os.getuid()}"
+    return Path(os.environ.get("MINIRL_JUDGE_LEASES", default))
+
+
+def lease_uids(n: int) -> UidLease:
+    """`n` sandbox uids that no other live lease on this host holds, none of them an account's or a group's."""
+    folder = lease_folder()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    taken = {p.pw_uid for p in pwd.getpwall()} | {g.gr_gid for g in grp.getgrall()}
+    lease = UidLease([], [])
+    for uid in UID_RANGE:
+        if len(lease.uids) == n:
+            return lease
+        if uid in taken:
+            continue
+        fd = os.open(folder / f"{uid}.lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        lease.uids.append(uid)
+        lease.fds.append(fd)
+    if len(lease.uids) == n:
+        return lease
+    lease.release()
+    raise RuntimeError(f"no {n} free sandbox uids in {UID_RANGE.start}-{UID_RANGE.stop - 1}: too many judges "
+                       "on this host; use fewer workers")
+
+
+# --- the sandbox helper ------------------------------------------------------------------------------------------
+
 @functools.lru_cache(maxsize=None)
 def _sandbox_helper_in(cache: Path) -> str | None:
-    """minirl/sandbox.c compiled once per machine (one process instead of six execs per test); None if no cc."""
+    """minirl/sandbox.c compiled once per machine; None without a C compiler."""
     src = Path(__file__).with_name("sandbox.c")
     key = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
     binary = cache / f"sandbox-{key}"
@@ -86,67 +174,116 @@ def _sandbox_helper_in(cache: Path) -> str | None:
     tmp = unique_tmp(binary)
     r = subprocess.run([compiler, "-O2", "-o", str(tmp), str(src)], capture_output=True, timeout=60)
     if r.returncode != 0:
+        log.warning("cannot build the sandbox helper: %s", r.stderr.decode(errors="replace")[-2000:])
         return None
     os.replace(tmp, binary)
     return str(binary)
 
 
-def _sandbox_helper() -> str | None:
-    return _sandbox_helper_in(cache_dir())
+def _new_root() -> Path:
+    """The empty folder each sandbox mounts its own root on (inside its private mount namespace)."""
+    d = cache_dir() / "newroot"
+    d.mkdir(mode=0o700, exist_ok=True)
+    return d
 
 
-def _sandbox_command(argv: list[str], uid: int, cpu_s: int, memory_mb: int, file_limit: int,
-                     mode: str, report: Path) -> list[str]:
-    """argv wrapped in: namespaces -> private tmpfs mounts -> rlimits -> drop to `uid`."""
-    mem = memory_mb << 20
-    helper = _sandbox_helper() if mode != "rlimits" else None
+def isolation_mode(uid: int) -> str:
+    """"namespaces" (root, sandbox.c builds and its namespaces work), "uid" (root, no namespaces) or
+    "rlimits" (not root)."""
+    if os.geteuid() != 0:
+        return "rlimits"
+    helper = _sandbox_helper_in(cache_dir())
+    if helper is None:
+        raise RuntimeError("the judge needs a C compiler (cc) to build its sandbox (minirl/sandbox.c) when run as "
+                           "root: install gcc")
+    probe = [helper, "-u", str(uid), "-t", "5", "-m", str(1 << 30), "-f", "1024", "-p", "8"]
+    ok = subprocess.run(probe + ["-i", str(_new_root()), "-s", "1", "--", "true"], capture_output=True, timeout=30)
+    if ok.returncode == 0:
+        return "namespaces"
+    log.warning("sandbox namespaces do not work here (%s): programs will see the host's files",
+                ok.stderr.decode(errors="replace").strip())
+    return "uid"
+
+
+# --- one run -----------------------------------------------------------------------------------------------------
+
+def run_sandboxed(argv: list[str], rundir: Path, name: str, *, uid: int, time_limit_s: float, memory_mb: int,
+                  mode: str, stdin_path: Path | None = None, files: dict[str, Path] | None = None,
+                  workdir: Path | None = None, output_limit: int = OUTPUT_LIMIT_BYTES,
+                  cgroups: Cgroups | None = None, scratch_mb: int | None = None) -> dict:
+    """Run one process tree with `files` (name in /work -> host file, read-only) or the host folder `workdir`
+    (read-write) as its working folder. Output goes to rundir/name.out and .err."""
+    out_path, err_path, report = (rundir / f"{name}.{s}" for s in ("out", "err", "usage"))
+    cpu_s = max(1, math.ceil(time_limit_s)) + 1      # RLIMIT_CPU per process; the total is checked below
+    mem, files = memory_mb << 20, files or {}
+    helper = _sandbox_helper_in(cache_dir()) if mode != "rlimits" else None
+    cg, host_work = None, None
+    if mode == "namespaces":
+        cwd = "/"
+        opts = ["-i", str(_new_root()), "-s", str(scratch_mb or memory_mb)]
+        opts += ["-w", str(workdir)] if workdir else []
+        opts += [a for dest, src in files.items() for a in ("-b", f"{src}:{dest}")]
+    else:                                             # the host's folders: a work folder of its own
+        host_work = workdir or _work_folder(rundir / name, files, uid if mode == "uid" else None)
+        cwd, opts = str(host_work), []
+    if cgroups is not None:
+        try:
+            cg = cgroups.run(f"u{uid}")
+            cg.begin((memory_mb + 64) << 20, NPROC)     # 64 MiB for page cache and kernel memory
+            opts += [a for p in cg.procs for a in ("-g", p)]
+        except OSError as e:
+            log.warning("no cgroup for this run (%s): rlimits only", e)
+            cg = None
     if helper:
-        return [helper, str(uid), str(cpu_s), str(mem), str(file_limit), "64",
-                "1" if mode == "namespaces" else "0", str(report), "--"] + argv
-    limits = ["prlimit", f"--cpu={cpu_s}", f"--as={mem}", f"--stack={mem}", f"--fsize={file_limit}",
-              "--core=0", "--nproc=64", "--nofile=64", "--"]
-    if mode == "rlimits":
-        return limits + argv
-    drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--"]
-    if mode == "uid":
-        return limits + drop + argv
-    mounts = ("for d in /tmp /var/tmp /dev/shm; do mount -t tmpfs -o size=64m,mode=1777 tmpfs $d || exit 111; done; "
-              'exec "$@"')
-    return ["unshare", "--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--mount-proc", "--kill-child",
-            "sh", "-c", mounts, "sandbox"] + limits + drop + argv
+        cmd = [helper, "-u", str(uid), "-t", str(cpu_s), "-m", str(mem), "-f", str(output_limit + 1),
+               "-p", str(NPROC), "-r", str(report), *opts, "--", *argv]
+    else:
+        cmd = ["prlimit", f"--cpu={cpu_s}", f"--as={mem}", f"--stack={mem}", f"--fsize={output_limit + 1}",
+               "--core=0", f"--nproc={NPROC}", "--nofile=64", "--", *argv]
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/work" if mode == "namespaces" else cwd}
+    try:
+        with open(out_path, "wb") as out, open(err_path, "wb") as err, \
+                (open(stdin_path, "rb") if stdin_path else open(os.devnull, "rb")) as inp:
+            t0 = time.perf_counter()
+            proc = subprocess.Popen(cmd, stdin=inp, stdout=out, stderr=err, cwd=cwd, env=env,
+                                    start_new_session=True)  # its own process group
+            timed_out = not _wait_exit(proc.pid, time_limit_s * 2 + 1.0)  # sleep(), blocking reads
+            if timed_out:
+                _kill_group(proc.pid)
+            _, status, usage = os.wait4(proc.pid, 0)
+            wall = time.perf_counter() - t0
+        _kill_group(proc.pid)                         # anything left in the group goes too
+        if mode == "uid":
+            _kill_uid(uid)                            # the leased uid is ours alone: it names what this run started
+        cpu, rss_mb = usage.ru_utime + usage.ru_stime, None
+        if report.exists() and report.stat().st_size:
+            rss_kb, user_s, sys_s = report.read_text().split()
+            cpu, rss_mb = float(user_s) + float(sys_s), int(rss_kb) / 1024
+        oom = False
+        if cg is not None:
+            cpu = max(cpu, cg.cpu_s())                # counts even what a killed init never reaped
+            oom = cg.oom_killed()
+    finally:
+        if cg is not None:
+            cg.kill_all()
+        report.unlink(missing_ok=True)
+        if host_work is not None and workdir is None:
+            remove_tree(host_work)
+    return {"returncode": os.waitstatus_to_exitcode(status), "timed_out": timed_out, "wall_s": wall,
+            "cpu_s": cpu, "max_rss_mb": rss_mb, "oom": oom, "out": out_path, "err": err_path}
 
 
-def run_sandboxed(argv: list[str], workdir: Path, stdin_path: Path | None, uid: int, time_limit_s: float,
-                   memory_mb: int, mode: str, output_limit: int = OUTPUT_LIMIT_BYTES) -> dict:
-    """Run one process tree; return exit status, CPU/wall time, peak memory and the paths of its output."""
-    out_path, err_path = workdir.parent / (workdir.name + ".out"), workdir.parent / (workdir.name + ".err")
-    report = workdir.parent / (workdir.name + ".usage")
-    report.unlink(missing_ok=True)
-    cmd = _sandbox_command(argv, uid, max(1, math.ceil(time_limit_s)) + 1, memory_mb, output_limit + 1, mode,
-                           report)
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(workdir)}
-    with open(out_path, "wb") as out, open(err_path, "wb") as err, \
-            (open(stdin_path, "rb") if stdin_path else open(os.devnull, "rb")) as inp:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdin=inp, stdout=out, stderr=err, cwd=workdir, env=env,
-                                start_new_session=True)  # its own process group
-        wall_limit = time_limit_s * 2 + 1.0  # catches sleep() and blocking reads; CPU time is checked below
-        timed_out = not _wait_exit(proc.pid, wall_limit)
-        if timed_out:
-            _kill_group(proc.pid)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    _kill_group(proc.pid)  # anything left in the group goes too
-    if mode != "rlimits":
-        _kill_uid(uid)
-    cpu_s, rss_mb = usage.ru_utime + usage.ru_stime, None  # rss of the whole chain is not the program's
-    if report.exists() and report.stat().st_size:
-        rss_kb, user_s, sys_s = report.read_text().split()
-        cpu_s, rss_mb = float(user_s) + float(sys_s), int(rss_kb) / 1024
-    report.unlink(missing_ok=True)
-    return {"returncode": proc.returncode, "timed_out": timed_out, "wall_s": wall, "cpu_s": cpu_s,
-            "max_rss_mb": rss_mb, "out": out_path, "err": err_path}
+def _work_folder(path: Path, files: dict[str, Path], uid: int | None) -> Path:
+    """Outside namespaces: a folder only `uid` can enter, holding hard links (or copies) of `files`."""
+    path.mkdir(mode=0o700)
+    for dest, src in files.items():
+        try:
+            os.link(src, path / dest)
+        except OSError:
+            shutil.copy(src, path / dest)
+    if uid is not None:
+        os.chown(path, uid, uid)
+    return path
 
 
 def _wait_exit(pid: int, timeout_s: float) -> bool:
@@ -167,9 +304,8 @@ def _wait_exit(pid: int, timeout_s: float) -> bool:
 
 
 def _kill_uid(uid: int, timeout_s: float = 2.0) -> None:
-    """SIGKILL every process owned by a sandbox uid and wait until they are gone. A killed PID namespace is
-    torn down asynchronously, and in "uid" mode a setsid() child has left our process group: the uid is
-    this worker's alone, so it names exactly what this test started."""
+    """SIGKILL every process owned by a sandbox uid and wait until they are gone ("uid" mode, where a setsid()
+    child may have left the process group and the run has no PID namespace)."""
     deadline = time.perf_counter() + timeout_s
     while True:
         alive = []

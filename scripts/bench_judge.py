@@ -12,7 +12,10 @@ Both judges get the same batch, one after the other, in one run:
   set and machine, as in training).
 Prints programs/s for both, the ratio, the verdicts' agreement, and minirl's fraction of the limit: the busy
 time it needs (sum of compile-with-PCH and of test run times) divided by cores x wall time. 100% would mean
-every core judged all the time with zero overhead.
+every core judged all the time with zero overhead. Both judges' CPU-seconds (their child processes') are printed too:
+unlike wall time they hardly depend on what else the host runs. Last, the sandbox's per-test overhead: the wall time per
+test of a C++ program that does nothing (one worker, binary cached, so it is all sandbox: namespaces, the new
+root, the cgroup, seccomp, exec, kill-and-reap), with cgroups and without.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import json
 import os
 import random
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -31,6 +35,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 PYTHON = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or "python3"
+CORES = len(os.sched_getaffinity(0))
+
+
+def children_cpu_s() -> float:
+    """CPU time of every finished child process (the sandboxes' init reaps all of theirs, so it rolls up)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def mutate(code: str, rng: random.Random) -> str:
@@ -93,34 +104,38 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--problems", type=int, default=8)
     ap.add_argument("--tests", type=int, default=10)
-    ap.add_argument("--workers", type=int, default=os.cpu_count())
+    ap.add_argument("--workers", type=int, default=CORES)
     args = ap.parse_args()
     jobs = build_batch(args.problems, args.tests)
     n_cpp = sum(j["language"] == "cpp" for j in jobs)
     print(f"batch: {len(jobs)} programs ({n_cpp} C++, {len(jobs) - n_cpp} Python), "
-          f"{sum(len(j['tests']) for j in jobs)} test runs, {args.workers} workers on {os.cpu_count()} cores")
+          f"{sum(len(j['tests']) for j in jobs)} test runs, {args.workers} workers on {CORES} cores")
 
     langs = {"cpp": [j for j in jobs if j["language"] == "cpp"], "python": [j for j in jobs if j["language"] == "python"]}
-    naive, t_naive = {}, {}
+    naive, t_naive, cpu_naive = {}, {}, {}
     for lang, batch in langs.items():
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), children_cpu_s()
         naive[lang] = [naive_judge(j) for j in batch]
-        t_naive[lang] = time.perf_counter() - t0
+        t_naive[lang], cpu_naive[lang] = time.perf_counter() - t0, children_cpu_s() - c0
 
     from minirl.judge import Judge
     from minirl.sandbox import cache_dir
     cache = Path(tempfile.mkdtemp(prefix="bench-", dir=cache_dir()))  # an empty binary cache
     os.environ["MINIRL_JUDGE_CACHE"] = str(cache)
-    results, t_minirl = {}, {}
+    results, t_minirl, cpu_minirl = {}, {}, {}
     with Judge(workers=args.workers) as judge:  # builds the PCH (not timed: once per machine and flag set)
         for lang, batch in langs.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), children_cpu_s()
             results[lang] = judge.run_many(batch)
-            t_minirl[lang] = time.perf_counter() - t0
+            t_minirl[lang], cpu_minirl[lang] = time.perf_counter() - t0, children_cpu_s() - c0
         isolation = judge.isolation
+    overhead = {label: per_test_overhead_ms(cgroups) for label, cgroups in (("cgroups", True), ("no cgroups", False))}
     shutil.rmtree(cache, ignore_errors=True)
 
     print(f"isolation: {isolation}")
+    print("CPU-seconds (load-independent; the speed-up a saturated host would see): " + ", ".join(
+        f"{lang} naive {cpu_naive[lang]:.1f} minirl {cpu_minirl[lang]:.1f} ({cpu_naive[lang] / cpu_minirl[lang]:.1f}x)"
+        for lang in langs))
     print(f"{'':8s} {'naive s':>8s} {'prog/s':>7s} {'minirl s':>9s} {'prog/s':>7s} {'ratio':>6s} {'% of limit':>10s} agree")
     for lang in list(langs) + ["all"]:
         keys = list(langs) if lang == "all" else [lang]
@@ -130,13 +145,26 @@ def main() -> None:
         busy = sum(r.compile_s + sum(t["wall_s"] for t in r.tests) for r in res)
         agree = sum(a == r.verdict for k in keys for a, r in zip(naive[k], results[k]))
         print(f"{lang:8s} {tn:8.2f} {n / tn:7.2f} {tm:9.2f} {n / tm:7.2f} {tn / tm:5.1f}x "
-              f"{busy / (os.cpu_count() * tm):10.0%} {agree}/{n}")
+              f"{busy / (CORES * tm):10.0%} {agree}/{n}")
     cpp = results["cpp"]
     print(f"minirl C++: {sum(r.compile_s for r in cpp):.2f} s compiling with the PCH, "
           f"{sum(t['wall_s'] for r in cpp for t in r.tests):.2f} s running tests (core-seconds)")
     from collections import Counter
     print("minirl verdicts:", dict(Counter(r.verdict for k in langs for r in results[k])))
     print("% of limit = (sum of compile-with-PCH + test run times) / (cores x wall time)")
+    print("sandbox overhead per test (empty C++ program, 1 worker): " +
+          ", ".join(f"{label} {ms:.1f} ms" for label, ms in overhead.items()))
+
+
+def per_test_overhead_ms(cgroups: bool, n: int = 100) -> float:
+    from minirl.judge import Judge
+    with Judge(workers=1, cgroups=cgroups) as judge:
+        tests = [{"input": "", "output": ""}] * n
+        judge.run("int main() {}\n", "cpp", tests)  # compile once
+        t0 = time.perf_counter()
+        res = judge.run("int main() {}\n", "cpp", tests)
+        assert res.verdict == "AC", res
+        return (time.perf_counter() - t0) / n * 1e3
 
 
 if __name__ == "__main__":

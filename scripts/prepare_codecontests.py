@@ -2,6 +2,7 @@
 
     python scripts/prepare_codecontests.py                                  # the files in ../shared/data/code
     python scripts/prepare_codecontests.py --input rows.jsonl --language python --out data/prepared/cc.jsonl
+    python scripts/prepare_codecontests.py --no-verify                      # skip judging the known solutions
 
 Reads, one row at a time, any of:
 - DeepMind CodeContests (Hugging Face schema): `description`, `public_tests`/`private_tests`/`generated_tests`
@@ -14,11 +15,21 @@ or malformed statement, invalid limits, and problems that need a jury checker (I
 Tags a difficulty tier from the Codeforces rating: Easy 800-1000, Hard 1100-2200, Expert 2300-3500.
 `reward_model.ground_truth` (a JSON string, as veRL stores code tests) holds tests and limits only, never a
 solution. Missing limits default to 2 s and 256 MB (ICPC rows with no time limit: 2 s, noted in extra_info).
+
+Float tolerance: an ICPC row's `float_tolerance` flag, else inferred: the statement accepts an "absolute or
+relative error" (of 10^-k, default 1e-6) and some expected output has a non-integer number. A tolerance is never
+set for integer-only outputs, where a relative error would accept wrong answers.
+Verification (`--verify`, on when the file carries known-correct solutions: the CodeContests subset and the ICPC
+rows do): each problem's known solutions (up to two, the preparation language first) are judged on the prepared
+tests with the prepared limits; a problem none of them passes is dropped, counted by the verdict. Then a correct
+program earns reward 1 on every kept problem. Prepared files are written 0640 (they hold the tests' answers).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -30,6 +41,10 @@ INSTRUCTIONS = {
     "python": "Solve the problem in Python 3. Read from standard input, write to standard output. "
               "Put your complete program in one ```python code block at the end of your answer.",
 }
+_ERROR_PHRASE = re.compile(r"(absolute|relative)(\s+(error\s+)?or\s+(absolute|relative))?\s+error", re.I)
+_POWER = re.compile(r"10\s*(?:\^|\*\*)?\s*\{?\s*[-\u2212\u2013]\s*(\d{1,2})|1e\s*-\s*(\d{1,2})")
+_DECIMAL = re.compile(r"^[-+]?\d*\.\d+([eE][-+]?\d+)?$")
+HF_LANGUAGES = {2: "cpp", 3: "python"}  # CodeContests' enum: 1 Python 2, 2 C++, 3 Python 3, 4 Java
 DEFAULT_FILES = ["codecontests_train_subset300.jsonl", "codecontests_test165_deepcoder.jsonl",
                  "codeforces_2024_deepcoder408.jsonl", "icpc_kattis_problems.jsonl"]
 
@@ -38,6 +53,29 @@ def tier(rating: int | None) -> str:
     if rating is None:
         return "unknown"
     return "Easy" if rating <= 1000 else "Hard" if rating <= 2200 else "Expert"
+
+
+def infer_tolerance(statement: str, tests: list[dict]) -> float | None:
+    """10^-k when the statement accepts an absolute or relative error and an expected output has a decimal."""
+    m = _ERROR_PHRASE.search(statement)
+    if m is None or not any(_DECIMAL.match(tok) for t in tests for tok in t["output"].split()):
+        return None
+    power = _POWER.search(statement, m.start(), m.end() + 200)
+    return 10.0 ** -int(power.group(1) or power.group(2)) if power else 1e-6
+
+
+def known_solutions(raw: dict) -> list[dict]:
+    """[{"language": "cpp"|"python", "code"}] that the row says are correct, in any schema."""
+    sols = raw.get("solutions")
+    if isinstance(sols, dict):                                    # Hugging Face: parallel lists
+        return [{"language": HF_LANGUAGES[lang], "code": code}
+                for lang, code in zip(sols.get("language", []), sols.get("solution", [])) if lang in HF_LANGUAGES]
+    out = []
+    for sol in sols or []:
+        lang = {"cpp": "cpp", "c++": "cpp", "python3": "python", "python": "python"}.get(sol.get("language"))
+        if lang and sol.get("verdict") in ("AC", "correct") and sol.get("code"):
+            out.append({"language": lang, "code": sol["code"]})
+    return out
 
 
 def _hf_tests(block) -> list[dict]:
@@ -76,6 +114,8 @@ def normalise(raw: dict) -> tuple[dict | None, str | None]:
         return None, "no tests"
     if not isinstance(statement, str) or len(statement.strip()) < 30:
         return None, "empty or malformed statement"
+    if tolerance is None:
+        tolerance = infer_tolerance(statement, tests)
     time_limit = 2.0 if time_limit is None else float(time_limit)
     memory_mb = 256 if memory_mb is None else int(memory_mb)
     if not 0 < time_limit <= 60 or not 16 <= memory_mb <= 65536:
@@ -96,9 +136,9 @@ def to_row(problem: dict, language: str, data_source: str, index: int, split: st
                            "tier": tier(problem["rating"]), "default_time_limit": problem["default_time_limit"]}}
 
 
-def prepare(path: Path, language: str, split: str, max_tests: int) -> tuple[list[dict], Counter]:
-    rows, dropped = [], Counter()
-    source = path.stem
+def prepare(path: Path, language: str, split: str, max_tests: int, judge=None) -> tuple[list[dict], Counter]:
+    """Rows and the count of dropped problems per reason; with a `judge`, known solutions are verified."""
+    problems, dropped = [], Counter()
     for i, line in enumerate(path.open()):
         try:
             raw = json.loads(line)
@@ -109,8 +149,46 @@ def prepare(path: Path, language: str, split: str, max_tests: int) -> tuple[list
             dropped[reason] += 1
             continue
         problem["tests"] = problem["tests"][:max_tests]
-        rows.append(to_row(problem, language, f"code/{source}", len(rows), split))
+        problems.append((problem, known_solutions(raw)))
+    if judge is not None:
+        problems = verify(problems, language, judge, dropped)
+    rows = [to_row(p, language, f"code/{path.stem}", i, split) for i, (p, _) in enumerate(problems)]
     return rows, dropped
+
+
+def verify(problems: list[tuple[dict, list[dict]]], language: str, judge, dropped: Counter) -> list:
+    """Keep the problems that one of their known solutions passes (up to two tried, `language` first)."""
+    kept, pending = [], []
+    for problem, sols in problems:
+        sols = sorted(sols, key=lambda s: s["language"] != language)[:2]
+        if sols:
+            pending.append((problem, sols))
+        else:
+            dropped["no known solution to verify with"] += 1
+    for attempt in range(2):
+        jobs = [dict(source=sols[attempt]["code"], language=sols[attempt]["language"], tests=p["tests"],
+                     time_limit_s=p["time_limit_s"], memory_limit_mb=p["memory_limit_mb"],
+                     float_tolerance=p["float_tolerance"]) for p, sols in pending]
+        failed = []
+        for (problem, sols), res in zip(pending, judge.run_many(jobs)):
+            if res.verdict == "AC":
+                kept.append((problem, sols))
+            elif attempt + 1 < len(sols):
+                failed.append((problem, sols))
+            else:
+                dropped[f"known solution gets {res.verdict}"] += 1
+        pending = failed
+    order = {id(p): i for i, (p, _) in enumerate(problems)}
+    return sorted(kept, key=lambda ps: order[id(ps[0])])
+
+
+def write_private(target: Path, text: str) -> None:
+    """0640: the file holds every test's expected output."""
+    target.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+    os.fchmod(fd, 0o640)  # an older, world-readable file keeps its mode through O_CREAT
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def main() -> None:
@@ -120,19 +198,34 @@ def main() -> None:
     ap.add_argument("--language", choices=["cpp", "python"], default="cpp")
     ap.add_argument("--max-tests", type=int, default=20, help="tests kept per problem (bounds judging time)")
     ap.add_argument("--split", default="train")
+    ap.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
+                    help="judge the rows' known solutions and drop what they fail (default: on when rows have them)")
     args = ap.parse_args()
     inputs = [Path(p) for p in args.input] if args.input else \
         [ROOT.parent / "shared" / "data" / "code" / f for f in DEFAULT_FILES]
     out = Path(args.out)
+    judge = None
     for path in inputs:
         if not path.is_file():
             sys.exit(f"missing input {path}")
-        rows, dropped = prepare(path, args.language, args.split, args.max_tests)
+        verify_this = args.verify if args.verify is not None else _has_solutions(path)
+        if verify_this and judge is None:
+            sys.path.insert(0, str(ROOT))
+            from minirl.judge import Judge
+            judge = Judge()
+        rows, dropped = prepare(path, args.language, args.split, args.max_tests, judge if verify_this else None)
         target = out if out.suffix == ".jsonl" else out / f"{path.stem}_{args.language}.jsonl"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        write_private(target, "".join(json.dumps(r) + "\n" for r in rows))
         tiers = Counter(r["extra_info"]["tier"] for r in rows)
-        print(f"{path.name}: kept {len(rows)} -> {target}; dropped {dict(dropped) or 'none'}; tiers {dict(tiers)}")
+        print(f"{path.name}: kept {len(rows)} -> {target}; dropped {dict(dropped) or 'none'}; tiers {dict(tiers)}"
+              f"{'; verified' if verify_this else ''}")
+    if judge is not None:
+        judge.close()
+
+
+def _has_solutions(path: Path) -> bool:
+    with path.open() as f:
+        return bool(known_solutions(json.loads(f.readline() or "{}")))
 
 
 if __name__ == "__main__":

@@ -25,15 +25,16 @@ def judge():
         yield j
 
 
-def sandbox_processes() -> list[str]:
-    """Processes still running as a sandbox uid (61000-61899)."""
+def sandbox_processes(judge) -> list[str]:
+    """Processes still running as one of this judge's sandbox uids (other judges on the host have others)."""
     out = subprocess.run(["ps", "-eo", "uid=,pid=,comm="], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if 61000 <= int(line.split()[0]) < 61900]
+    return [line for line in out.splitlines() if int(line.split()[0]) in judge.uids]
 
 
 @pytest.mark.parametrize("source,language,verdict,passed", [
     (AB_CPP, "cpp", "AC", 2),
     (AB_PY, "python", "AC", 2),
+    (AB_PY + "exit()\n", "python", "AC", 2),                          # site's exit(), as real solutions call it
     ("print(3)", "python", "WA", 1),
     ("int main() { return 0 }", "cpp", "CE", 0),
     ("print(1", "python", "CE", 0),                                   # syntax errors are CE (documented)
@@ -98,7 +99,7 @@ def test_fork_bomb_is_contained_and_leaves_nothing(judge):
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     res = judge.run(bomb, "python", AB[:1], time_limit_s=1.0)
     assert res.verdict in ("TLE", "RE")
-    assert sandbox_processes() == []
+    assert sandbox_processes(judge) == []
     assert judge.run(AB_PY, "python", AB).verdict == "AC"  # and the judge keeps serving
 
 
@@ -111,7 +112,7 @@ def test_orphaned_and_setsid_children_die_with_the_test(judge):
            "print(3)\n")
     res = judge.run(src, "python", AB[:1], time_limit_s=1.0)
     assert res.verdict == "AC"
-    assert sandbox_processes() == []
+    assert sandbox_processes(judge) == []
     assert marker not in subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout
 
 

@@ -5,7 +5,7 @@ import sys
 from conftest import ROOT, shared_file
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from prepare_codecontests import normalise, prepare, tier  # noqa: E402
+from prepare_codecontests import infer_tolerance, normalise, prepare, tier  # noqa: E402
 
 STATEMENT = "Given two integers a and b, print their sum. Input is one line with a and b."
 
@@ -56,4 +56,27 @@ def test_script_runs_on_a_real_file(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "kept 408" in proc.stdout and len(out.read_text().splitlines()) == 408
+    assert out.stat().st_mode & 0o777 == 0o640  # the tests' answers: not world-readable
     assert normalise({"problem": "x" * 40, "tests": []})[1] == "no tests"
+
+
+def test_float_tolerance_is_inferred_from_the_statement_and_the_outputs():
+    st = "Print the area. Your answer is correct if its absolute or relative error does not exceed 10 - 4."
+    decimal, integer = [{"input": "", "output": "1.5"}], [{"input": "", "output": "15"}]
+    assert infer_tolerance(st, decimal) == 1e-4
+    assert infer_tolerance(st.replace("10 - 4", "$10^{-9}$"), decimal) == 1e-9
+    assert infer_tolerance("Answers with an absolute error of at most one millionth are accepted.", decimal) == 1e-6
+    assert infer_tolerance(st, integer) is None       # integers: a relative error would accept wrong answers
+    assert infer_tolerance("Print the sum of a and b.", decimal) is None
+
+
+def test_verify_drops_problems_whose_known_solution_fails(tmp_path):
+    from minirl.judge import Judge
+    wrong_tests = {"input": ["5 7\n"], "output": ["13\n"]}     # tests that do not match the statement
+    rows = [hf_row(), hf_row(private_tests=wrong_tests), hf_row(solutions={"language": [4], "solution": ["x"]})]
+    path = tmp_path / "cc.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with Judge(workers=2) as judge:
+        out, dropped = prepare(path, "cpp", "train", max_tests=20, judge=judge)
+    assert dropped == {"known solution gets WA": 1, "no known solution to verify with": 1}
+    assert len(out) == 1 and json.loads(out[0]["reward_model"]["ground_truth"])["tests"][0]["output"] == "12\n"
