@@ -1,0 +1,126 @@
+"""Episodes: run environments (minirl/env.py) with a sampler of the sessions API, turn by turn, as tokens.
+
+    groups = run_episodes(sc, tokenizer, lambda: CodeEnv(judge, tokenizer), rows, group_size=8,
+                          params=SamplingParams(max_tokens=512, temperature=1.0))
+    datums = [episode_datum(ep, adv) for ...]        # ready for TrainingClient.forward_backward
+
+Token in, token out: an episode is the prompt's tokens, then for each turn the tokens the model sampled
+followed by the tokens of the environment's reply. The model's turns are never re-rendered (a template may
+write a tool call differently from how the model did, and the loss must see what the model sampled); only the
+messages the environment adds are rendered, by the tokenizer's own chat template (with `tools=`):
+
+    reply text = render(D + added, generation prompt) minus render(D)
+
+where D is a fixed two-message chat ending in an assistant turn, so the difference is exactly what the template
+writes for the added messages and the next assistant header. Before it goes what the template writes after an
+assistant turn's end-of-turn token (a newline for ChatML), and the end-of-turn token itself when the turn was cut
+off by max_tokens.
+
+One episode's training layout (a `Datum`):
+    prompt_tokens      render(reset messages, generation prompt)
+    completion_tokens  turn 1 | reply 1 | turn 2 | ... | last turn
+    weights            1 ... | 0 ...   | 1 ... | ... | 1 ...       (the environment's tokens are out of the loss)
+    logprobs           the sampler's on sampled tokens, 0 on the environment's (weight 0: never used)
+Budgets: `params.max_tokens` per turn; the number of turns is the environment's (CodeEnv max_turns).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from minirl.env import Env, Messages
+from minirl.session_core import Datum, SamplingParams
+
+_MARK = "MINIRL_TURN_END"  # a string no template writes by itself
+
+
+def render(tokenizer, messages: Messages, tools: list[dict] | None, add_generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                         add_generation_prompt=add_generation_prompt)
+
+
+def prompt_tokens(tokenizer, messages: Messages, tools: list[dict] | None = None) -> list[int]:
+    return tokenizer(render(tokenizer, messages, tools, True), add_special_tokens=False).input_ids
+
+
+def reply_tokens(tokenizer, added: Messages, tools: list[dict] | None, last_token: int | None) -> list[int]:
+    """The tokens that follow a model turn ending in `last_token` (None: cut off mid-turn): the end of the
+    assistant turn as the template writes it, the added messages, the next assistant header."""
+    chat = [{"role": "user", "content": "."}, {"role": "assistant", "content": _MARK}]
+    head = render(tokenizer, chat, tools, False)
+    full = render(tokenizer, chat + added, tools, True)
+    if not full.startswith(head) or _MARK not in head:
+        raise ValueError("the chat template does not render a conversation as a prefix of its continuation; "
+                         "multi-turn episodes need a template that appends new messages at the end")
+    turn_end = head[head.rindex(_MARK) + len(_MARK):]             # "<|im_end|>\n" for ChatML
+    eos_text = tokenizer.decode([last_token]) if last_token is not None else ""
+    if eos_text and turn_end.startswith(eos_text):
+        turn_end = turn_end[len(eos_text):]                         # the model already wrote it
+    return tokenizer(turn_end + full[len(head):], add_special_tokens=False).input_ids
+
+
+@dataclass
+class Episode:
+    env: Env
+    messages: Messages
+    prompt_tokens: list[int]
+    completion_tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)
+    reward: float = 0.0
+    turns: int = 0
+    done: bool = False
+    policy_version: int = 0       # of the weights that sampled the first turn
+    info: dict = field(default_factory=dict)
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def episode_datum(ep: Episode, advantage: float) -> Datum:
+    return Datum(ep.prompt_tokens, ep.completion_tokens, ep.logprobs, advantages=advantage, weights=ep.weights)
+
+
+def run_episodes(sampler, tokenizer, make_env: Callable[[], Env], problems: list[dict], group_size: int,
+                 params: SamplingParams) -> list[list[Episode]]:
+    """`group_size` episodes per problem, run to the end. Each round samples the next turn of every live
+    episode (all submitted before waiting: one generate), then steps their environments in parallel (the
+    judge runs programs on its own workers). Returns one list of episodes per problem."""
+    groups = []
+    for problem in problems:
+        group = []
+        for _ in range(group_size):
+            env = make_env()
+            messages = env.reset(problem)
+            group.append(Episode(env, messages, prompt_tokens(tokenizer, messages, env.tools)))
+        groups.append(group)
+    live = [ep for g in groups for ep in g]
+    with concurrent.futures.ThreadPoolExecutor(max(1, len(live))) as pool:
+        while live:
+            futures = [sampler.sample(ep.context, 1, params) for ep in live]
+            responses = [f.result() for f in futures]
+            seqs = [r.sequences[0] for r in responses]
+            texts = [tokenizer.decode(s.tokens, skip_special_tokens=True) for s in seqs]
+            steps = list(pool.map(lambda a: a[0].env.step(a[0].messages, a[1]), zip(live, texts)))
+            for ep, r, s, (new_messages, reward, info) in zip(live, responses, seqs, steps):
+                if ep.turns == 0:
+                    ep.policy_version = r.policy_version
+                ep.turns += 1
+                ep.completion_tokens += s.tokens
+                ep.logprobs += s.logprobs
+                ep.weights += [1.0] * len(s.tokens)
+                ep.info = info
+                ep.reward += reward  # CodeEnv's rewards come at the end; other environments may pay per turn
+                if new_messages is None:
+                    ep.done = True
+                    continue
+                last = s.tokens[-1] if s.stop_reason == "stop" and s.tokens else None
+                reply = reply_tokens(tokenizer, new_messages[len(ep.messages) + 1:], ep.env.tools, last)
+                ep.completion_tokens += reply
+                ep.logprobs += [0.0] * len(reply)
+                ep.weights += [0.0] * len(reply)
+                ep.messages = new_messages
+            live = [ep for ep in live if not ep.done]
+    return groups
