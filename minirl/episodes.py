@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from minirl.env import Env, Messages
 from minirl.session_core import Datum, SamplingParams
@@ -84,10 +84,12 @@ def episode_datum(ep: Episode, advantage: float) -> Datum:
 
 
 def run_episodes(sampler, tokenizer, make_env: Callable[[], Env], problems: list[dict], group_size: int,
-                 params: SamplingParams) -> list[list[Episode]]:
+                 params: SamplingParams, seed: int | None = None) -> list[list[Episode]]:
     """`group_size` episodes per problem, run to the end. Each round samples the next turn of every live
-    episode (all submitted before waiting: one generate), then steps their environments in parallel (the
-    judge runs programs on its own workers). Returns one list of episodes per problem."""
+    episode (all submitted before waiting), then steps their environments in parallel (the judge runs programs
+    on its own workers). The first turn of a group whose prompts agree is one `sample(prompt, G)` call.
+    With `seed`, every call carries its own seed (SamplingParams.seed), so the samples do not depend on what
+    else the sampler ran meanwhile (other threads' groups). Returns one list of episodes per problem."""
     groups = []
     for problem in problems:
         group = []
@@ -96,17 +98,27 @@ def run_episodes(sampler, tokenizer, make_env: Callable[[], Env], problems: list
             messages = env.reset(problem)
             group.append(Episode(env, messages, prompt_tokens(tokenizer, messages, env.tools)))
         groups.append(group)
-    live = [ep for g in groups for ep in g]
-    with concurrent.futures.ThreadPoolExecutor(max(1, len(live))) as pool:
-        while live:
-            futures = [sampler.sample(ep.context, 1, params) for ep in live]
-            responses = [f.result() for f in futures]
-            seqs = [r.sequences[0] for r in responses]
+    # round 1: one request per group when its prompts agree; later rounds one per episode (contexts differ)
+    requests = [[g] if all(ep.prompt_tokens == g[0].prompt_tokens for ep in g) else [[ep] for ep in g]
+                for g in groups]
+    requests = [r for rs in requests for r in rs]
+    with concurrent.futures.ThreadPoolExecutor(max(1, len(groups) * group_size)) as pool:
+        turn = 0
+        while requests:
+            calls = [(eps, replace(params, seed=None if seed is None else seed + 7919 * turn + i))
+                     for i, eps in enumerate(requests)]
+            futures = [sampler.sample(eps[0].context, len(eps), p) for eps, p in calls]
+            live, seqs, versions = [], [], []
+            for (eps, _), f in zip(calls, futures):
+                r = f.result()
+                live += eps
+                seqs += r.sequences
+                versions += [r.policy_version] * len(eps)
             texts = [tokenizer.decode(s.tokens, skip_special_tokens=True) for s in seqs]
             steps = list(pool.map(lambda a: a[0].env.step(a[0].messages, a[1]), zip(live, texts)))
-            for ep, r, s, (new_messages, reward, info) in zip(live, responses, seqs, steps):
+            for ep, version, s, (new_messages, reward, info) in zip(live, versions, seqs, steps):
                 if ep.turns == 0:
-                    ep.policy_version = r.policy_version
+                    ep.policy_version = version
                 ep.turns += 1
                 ep.completion_tokens += s.tokens
                 ep.logprobs += s.logprobs
@@ -122,5 +134,5 @@ def run_episodes(sampler, tokenizer, make_env: Callable[[], Env], problems: list
                 ep.logprobs += [0.0] * len(reply)
                 ep.weights += [0.0] * len(reply)
                 ep.messages = new_messages
-            live = [ep for ep in live if not ep.done]
+            requests, turn = [[ep] for ep in live if not ep.done], turn + 1
     return groups
