@@ -29,7 +29,6 @@ import json
 import threading
 import time
 import uuid
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from minirl.session_core import SamplingParams

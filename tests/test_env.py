@@ -60,7 +60,8 @@ def test_code_env_tool_runs_public_tests_and_final_answer_is_scored_on_private_t
     new, reward, info = env.step(messages, "Let me test.\n" + tool_call_text("print(3)"))
     assert reward == 0.0 and info == {"turns": 1, "tool_verdict": "AC"}    # public test only: 1 2 -> 3 passes
     assert new[:1] == messages and [m["role"] for m in new[1:]] == ["assistant", "tool"]
-    assert new[1]["content"] == "Let me test." and new[1]["tool_calls"][0]["function"]["arguments"] == {"code": "print(3)"}
+    assert new[1]["content"] == "Let me test."
+    assert new[1]["tool_calls"][0]["function"]["arguments"] == {"code": "print(3)"}
     assert new[2]["content"].startswith("AC: passed 1 of 1 example tests.")
     # the same program as the final answer fails the private tests; the right one passes; no code block: -0.1
     assert env.step(new, "```python\nprint(3)\n```")[:2] == (None, 0.0)
