@@ -9,12 +9,12 @@ followed by the tokens of the environment's reply. The model's turns are never r
 write a tool call differently from how the model did, and the loss must see what the model sampled); only the
 messages the environment adds are rendered, by the tokenizer's own chat template (with `tools=`):
 
-    reply text = render(D + added, generation prompt) minus render(D)
+    reply text = what render([user, assistant "MARK"] + added, generation prompt) writes after MARK
 
-where D is a fixed two-message chat ending in an assistant turn, so the difference is exactly what the template
-writes for the added messages and the next assistant header. Before it goes what the template writes after an
-assistant turn's end-of-turn token (a newline for ChatML), and the end-of-turn token itself when the turn was cut
-off by max_tokens.
+that is, the end of the assistant turn, the added messages and the next assistant header, as the template
+writes them (the end-of-turn token itself is left out when the model sampled it; a turn cut off by max_tokens
+gets it here, at weight 0). Only the text after the assistant turn is used, so templates that render earlier
+turns differently once they are no longer the last (Qwen3 drops their reasoning) work too.
 
 One episode's training layout (a `Datum`):
     prompt_tokens      render(reset messages, generation prompt)
@@ -47,17 +47,16 @@ def prompt_tokens(tokenizer, messages: Messages, tools: list[dict] | None = None
 def reply_tokens(tokenizer, added: Messages, tools: list[dict] | None, last_token: int | None) -> list[int]:
     """The tokens that follow a model turn ending in `last_token` (None: cut off mid-turn): the end of the
     assistant turn as the template writes it, the added messages, the next assistant header."""
-    chat = [{"role": "user", "content": "."}, {"role": "assistant", "content": _MARK}]
-    head = render(tokenizer, chat, tools, False)
-    full = render(tokenizer, chat + added, tools, True)
-    if not full.startswith(head) or _MARK not in head:
-        raise ValueError("the chat template does not render a conversation as a prefix of its continuation; "
-                         "multi-turn episodes need a template that appends new messages at the end")
-    turn_end = head[head.rindex(_MARK) + len(_MARK):]             # "<|im_end|>\n" for ChatML
+    chat = [{"role": "user", "content": "."}, {"role": "assistant", "content": _MARK}] + added
+    full = render(tokenizer, chat, tools, True)
+    if full.count(_MARK) != 1:
+        raise ValueError("the chat template does not write an assistant turn's content verbatim; multi-turn "
+                         "episodes need one that does")
+    text = full[full.index(_MARK) + len(_MARK):]                  # "<|im_end|>\n<|im_start|>tool\n..." (ChatML)
     eos_text = tokenizer.decode([last_token]) if last_token is not None else ""
-    if eos_text and turn_end.startswith(eos_text):
-        turn_end = turn_end[len(eos_text):]                         # the model already wrote it
-    return tokenizer(turn_end + full[len(head):], add_special_tokens=False).input_ids
+    if eos_text and text.startswith(eos_text):
+        text = text[len(eos_text):]                                 # the model already wrote it
+    return tokenizer(text, add_special_tokens=False).input_ids
 
 
 @dataclass

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from minirl.env import CodeEnv, MathEnv, parse_tool_calls
-from minirl.episodes import episode_datum, prompt_tokens, render, run_episodes
+from minirl.episodes import episode_datum, prompt_tokens, render, reply_tokens, run_episodes
 from minirl.judge import Judge
 from minirl.session_core import SampledSequence, SampleResponse, SamplingParams, collate
 
@@ -142,3 +142,20 @@ def test_default_tiny_template_renders_the_tool_reply_as_a_tool_turn(judge, tiny
     assert ep.reward == -0.1 and ep.turns == 2
     text = tiny_tokenizer.decode(ep.completion_tokens)
     assert "<|im_end|>\n<|im_start|>tool\nAC: passed 1 of 1" in text and text.endswith("no code<|im_end|>")
+
+
+def test_reply_closes_a_cut_off_turn_and_ignores_how_earlier_turns_are_rerendered(tiny_tokenizer):
+    """A turn cut off by max_tokens gets its end-of-turn token from the reply (at weight 0); a template that
+    renders the last assistant turn differently from earlier ones (as Qwen3's does) gives the same reply."""
+    tok = copy.deepcopy(tiny_tokenizer)
+    tool = [{"role": "tool", "content": "ok"}]
+    ids = lambda text: tok(text, add_special_tokens=False).input_ids  # noqa: E731
+    after_eos = "\n<|im_start|>tool\nok<|im_end|>\n<|im_start|>assistant\n"
+    assert reply_tokens(tok, tool, None, None) == ids("<|im_end|>" + after_eos)
+    assert reply_tokens(tok, tool, None, tok.eos_token_id) == ids(after_eos)
+    tok.chat_template = tok.chat_template.replace("{{ m['content'] }}",
+                                                  "{% if loop.last and m['role'] == 'assistant' %}<think></think>"
+                                                  "{% endif %}{{ m['content'] }}")
+    assert "<think>" in render(tok, [{"role": "user", "content": "."}, {"role": "assistant", "content": "x"}],
+                               None, False)
+    assert reply_tokens(tok, tool, None, tok.eos_token_id) == ids(after_eos)

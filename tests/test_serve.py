@@ -7,6 +7,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+import torch
 
 from conftest import ROOT
 from minirl.serve import serve
@@ -18,7 +19,10 @@ ASK = [{"role": "user", "content": "What is 3+4?"}]
 
 @pytest.fixture(scope="module")
 def live(tiny_path):
-    """A server on a live training client's sampler (what a training run would expose)."""
+    """A server on a live training client's sampler (what a training run would expose). One intra-op thread:
+    the server's threads and the session's share the model, and OpenMP threads spin against each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     tc = ServiceClient().create_training_client(str(tiny_path))
     sc = tc.create_sampling_client()
     server = serve(sc, tc.get_tokenizer(), "tiny", port=0)
@@ -26,6 +30,7 @@ def live(tiny_path):
     yield server, client, sc, tc.get_tokenizer()
     server.close()
     tc.stop()
+    torch.set_num_threads(threads)
 
 
 def test_models_lists_the_served_model(live):
