@@ -79,7 +79,11 @@ class SamplingClient:
         """One generate for all prompts (rollout.sample), then the sampled tokens' log-probs at the sampling
         temperature from the trainer's forward pass (what train.py's prepare_batch computes as old_logp)."""
         greedy = params.temperature == 0
-        with self._adapter():
+        seeded = torch.random.fork_rng(devices=[self._worker.device] if self._worker.device.type == "cuda" else [],
+                                       enabled=params.seed is not None)
+        with self._adapter(), seeded:
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
             rollout = sample(self.model, self.tokenizer, prompts, G, params.max_tokens, params.temperature or 1.0,
                              params.top_p, max(params.top_k, 0), greedy=greedy)
             R = rollout.response_ids.shape[1]

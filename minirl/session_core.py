@@ -28,6 +28,7 @@ class SamplingParams:
     temperature: float = 1.0      # 0 decodes greedily
     top_p: float = 1.0
     top_k: int = -1               # Tinker's "off"
+    seed: int | None = None       # a fixed seed makes the call's samples independent of what ran before it
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ Filters, each reported with how many it removed: rating below 800 (when a rating
 or malformed statement, invalid limits, and problems that need a jury checker (ICPC `custom` validation).
 Tags a difficulty tier from the Codeforces rating: Easy 800-1000, Hard 1100-2200, Expert 2300-3500.
 `reward_model.ground_truth` (a JSON string, as veRL stores code tests) holds tests and limits only, never a
-solution. Missing limits default to 2 s and 256 MB (ICPC rows with no time limit: 2 s, noted in extra_info).
+solution; `public_tests` too where the source has them (the examples CodeEnv's check_solution tool runs).
+Missing limits default to 2 s and 256 MB (ICPC rows with no time limit: 2 s, noted in extra_info).
 
 Float tolerance: an ICPC row's `float_tolerance` flag, else inferred: the statement accepts an "absolute or
 relative error" (of 10^-k, default 1e-6) and some expected output has a non-integer number. A tolerance is never
@@ -88,10 +89,10 @@ def normalise(raw: dict) -> tuple[dict | None, str | None]:
     """(problem, None) or (None, reason it was filtered)."""
     statement = raw.get("description") or raw.get("problem") or raw.get("statement")
     rating = raw.get("cf_rating") or None  # CodeContests uses 0 for "unknown"
-    tolerance = None
+    tolerance, public = None, []
     if "public_tests" in raw or "private_tests" in raw:          # Hugging Face CodeContests schema
-        tests = _hf_tests(raw.get("private_tests")) or _hf_tests(raw.get("generated_tests")) or \
-            _hf_tests(raw.get("public_tests"))
+        public = _hf_tests(raw.get("public_tests"))  # the statement's examples: CodeEnv's check_solution tool
+        tests = _hf_tests(raw.get("private_tests")) or _hf_tests(raw.get("generated_tests")) or public
         tl = raw.get("time_limit") or {}
         time_limit = (tl.get("seconds") or 0) + (tl.get("nanos") or 0) / 1e9 if isinstance(tl, dict) else None
         memory_mb = (raw.get("memory_limit_bytes") or 0) / 2**20 or None
@@ -121,6 +122,7 @@ def normalise(raw: dict) -> tuple[dict | None, str | None]:
     if not 0 < time_limit <= 60 or not 16 <= memory_mb <= 65536:
         return None, "invalid limits"
     return {"name": raw.get("name") or raw.get("id"), "statement": statement.strip(), "tests": tests,
+            "public_tests": public,
             "time_limit_s": time_limit, "memory_limit_mb": memory_mb, "rating": rating,
             "float_tolerance": tolerance, "default_time_limit": raw.get("time_limit_seconds", 0) is None}, None
 
@@ -128,6 +130,8 @@ def normalise(raw: dict) -> tuple[dict | None, str | None]:
 def to_row(problem: dict, language: str, data_source: str, index: int, split: str) -> dict:
     truth = {"tests": problem["tests"], "language": language, "time_limit_s": problem["time_limit_s"],
              "memory_limit_mb": problem["memory_limit_mb"], "float_tolerance": problem["float_tolerance"]}
+    if problem.get("public_tests"):
+        truth["public_tests"] = problem["public_tests"]
     return {"data_source": data_source,
             "prompt": [{"role": "user", "content": f"{problem['statement']}\n\n{INSTRUCTIONS[language]}"}],
             "ability": "code",

@@ -31,6 +31,7 @@ def test_hugging_face_schema_rows_are_filtered_and_tiered(tmp_path):
     assert [r["extra_info"]["tier"] for r in out] == ["Hard", "unknown", "Expert", "Easy"]
     truth = json.loads(out[0]["reward_model"]["ground_truth"])
     assert truth["tests"] == [{"input": "5 7\n", "output": "12\n"}, {"input": "0 0\n", "output": "0\n"}]  # private
+    assert truth["public_tests"] == [{"input": "1 2\n", "output": "3\n"}]  # CodeEnv's tool runs these
     assert truth["time_limit_s"] == 1.5 and truth["memory_limit_mb"] == 256 and truth["language"] == "cpp"
     assert "sum(map" not in json.dumps(out)  # never a solution
     assert out[0]["ability"] == "code" and "```cpp" in out[0]["prompt"][0]["content"]
