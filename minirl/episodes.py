@@ -82,6 +82,11 @@ def episode_datum(ep: Episode, advantage: float) -> Datum:
     return Datum(ep.prompt_tokens, ep.completion_tokens, ep.logprobs, advantages=advantage, weights=ep.weights)
 
 
+def episode_seed(seed: int, turn: int, call: int) -> int:
+    """A seed of its own for each (group seed, turn, call): groups seeded seed, seed+1, ... never share one."""
+    return ((seed * 1_000_003 + turn) * 1_000_003 + call) % 2**63
+
+
 def run_episodes(sampler, tokenizer, make_env: Callable[[], Env], problems: list[dict], group_size: int,
                  params: SamplingParams, seed: int | None = None) -> list[list[Episode]]:
     """`group_size` episodes per problem, run to the end. Each round samples the next turn of every live
@@ -104,7 +109,7 @@ def run_episodes(sampler, tokenizer, make_env: Callable[[], Env], problems: list
     with concurrent.futures.ThreadPoolExecutor(max(1, len(groups) * group_size)) as pool:
         turn = 0
         while requests:
-            calls = [(eps, replace(params, seed=None if seed is None else seed + 7919 * turn + i))
+            calls = [(eps, replace(params, seed=None if seed is None else episode_seed(seed, turn, i)))
                      for i, eps in enumerate(requests)]
             futures = [sampler.sample(eps[0].context, len(eps), p) for eps, p in calls]
             live, seqs, versions = [], [], []

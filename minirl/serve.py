@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import threading
 import time
 import uuid
@@ -47,7 +48,8 @@ def _number(body: dict, name: str, default, lo: float, hi: float, kind=float):
     value = body.get(name, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or (kind is int and value != int(value)):
         raise RequestError(f"'{name}' must be {'an integer' if kind is int else 'a number'}, got {value!r}", name)
     if not lo <= value <= hi:
         raise RequestError(f"'{name}' must be between {lo} and {hi}, got {value}", name)
@@ -129,6 +131,8 @@ class Server:
 
 def _handler(server: Server):
     class Handler(BaseHTTPRequestHandler):
+        timeout = 30  # seconds a connection may stall (e.g. a body never sent) before its thread is freed
+
         def log_message(self, *args):  # quiet: one line per request on stderr is noise in a training log
             pass
 
@@ -155,7 +159,10 @@ def _handler(server: Server):
             if self.path.rstrip("/") != "/v1/chat/completions":
                 return self.send_error_json(404, f"no route POST {self.path}; try /v1/chat/completions")
             try:
-                length = int(self.headers.get("Content-Length") or 0)
+                length = self.headers.get("Content-Length") or "0"
+                if not length.isdigit():
+                    raise RequestError(f"Content-Length must be a byte count, got {length!r}")
+                length = int(length)
                 if length > MAX_BODY_BYTES:
                     raise RequestError(f"request body over {MAX_BODY_BYTES} bytes", None, 413)
                 try:

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from minirl.env import CodeEnv, MathEnv, parse_tool_calls
-from minirl.episodes import episode_datum, prompt_tokens, render, reply_tokens, run_episodes
+from minirl.episodes import episode_datum, episode_seed, prompt_tokens, render, reply_tokens, run_episodes
 from minirl.judge import Judge
 from minirl.session_core import SampledSequence, SampleResponse, SamplingParams, collate
 
@@ -159,3 +159,10 @@ def test_reply_closes_a_cut_off_turn_and_ignores_how_earlier_turns_are_rerendere
     assert "<think>" in render(tok, [{"role": "user", "content": "."}, {"role": "assistant", "content": "x"}],
                                None, False)
     assert reply_tokens(tok, tool, None, tok.eos_token_id) == ids(after_eos)
+
+
+def test_episode_seeds_are_never_shared_between_groups_turns_or_calls():
+    """Groups are seeded seed, seed+1, ... (overlap.RolloutPool); a seed shared between two calls would make the
+    session batch them or not depending on thread timing, and correlate their noise."""
+    seeds = [episode_seed(group, turn, call) for group in range(20) for turn in range(4) for call in range(8)]
+    assert len(set(seeds)) == len(seeds)

@@ -89,6 +89,27 @@ def test_malformed_json_and_unknown_model_are_json_errors(live):
         client.chat.completions.create(model="gpt-4o", messages=ASK, max_tokens=2)
 
 
+def test_hostile_bodies_get_a_4xx_not_a_dropped_connection(live):
+    """A negative or non-numeric Content-Length (which bypassed the size limit or dropped the connection) and
+    non-finite numbers (json accepts NaN and Infinity) are 4xx JSON errors."""
+    import http.client
+    server = live[0]
+    host, port = server.url.split("//")[1].split("/")[0].split(":")
+    cases = [({"Content-Length": "-1"}, b"{}"), ({"Content-Length": "abc"}, b"{}"),
+             ({}, b'{"model": "m", "messages": [], "n": Infinity}'),
+             ({}, b'{"model": "m", "messages": [], "max_tokens": NaN}')]
+    for headers, body in cases:
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        conn.putrequest("POST", "/v1/chat/completions")
+        for k, v in {"Content-Type": "application/json", "Content-Length": str(len(body)), **headers}.items():
+            conn.putheader(k, v)
+        conn.endheaders()
+        conn.send(body)
+        reply = conn.getresponse()
+        assert 400 <= reply.status < 500 and "error" in json.loads(reply.read()), (headers, body)
+        conn.close()
+
+
 def test_command_line_server_answers(tiny_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "minirl.serve", "--model", str(tiny_path), "--port", "0"],
