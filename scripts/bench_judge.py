@@ -6,16 +6,19 @@ Submissions: for each ICPC problem (../shared/data/code/icpc_kattis_problems.jso
 and a known time limit, its jury AC C++ solution plus two mutated copies (a changed constant: usually wrong; a
 comment: right but a distinct source, so nothing is served from the compile cache), and the same for Python.
 Both judges get the same batch, one after the other, in one run:
-- naive: compile each C++ sample with g++ -O2 and no precompiled header, run its tests one by one, no pool;
+- naive: compile each C++ sample with g++ -O2 and no precompiled header, run its tests one by one, no pool.
+  Like minirl it runs every test up to the first TLE, because CodeFu's reward (the one the issue compares
+  with: the pass ratio of the tests, 0 on a TLE; codefu-7b-v0.1's model card, "Reward") needs the count of
+  passed tests, not just the first failure;
 - minirl: `Judge.run_many` (compile once per unique source against a precompiled <bits/stdc++.h>, sandboxed
   runs, programs in parallel). Its binary cache starts empty; the PCH is built before timing (once per flag
   set and machine, as in training).
-Prints programs/s for both, the ratio, the verdicts' agreement, and minirl's fraction of the limit: the busy
-time it needs (sum of compile-with-PCH and of test run times) divided by cores x wall time. 100% would mean
-every core judged all the time with zero overhead. Both judges' CPU-seconds (their child processes') are printed too:
-unlike wall time they hardly depend on what else the host runs. Last, the sandbox's per-test overhead: the wall time per
-test of a C++ program that does nothing (one worker, binary cached, so it is all sandbox: namespaces, the new
-root, the cgroup, seccomp, exec, kill-and-reap), with cgroups and without.
+Prints programs/s for both, the ratio, the agreement of the results (verdict and tests passed), and minirl's
+fraction of the limit: the busy time it needs (sum of compile-with-PCH and of test run times) divided by cores x
+wall time. 100% would mean every core judged all the time with zero overhead. Both judges' CPU-seconds (their child
+processes') are printed too: unlike wall time they hardly depend on what else the host runs. Last, the sandbox's
+per-test overhead: the wall time per test of a C++ program that does nothing (one worker, binary cached, so it is
+all sandbox: namespaces, the new root, the cgroup, seccomp, exec, kill-and-reap), with cgroups and without.
 """
 from __future__ import annotations
 
@@ -72,30 +75,31 @@ def build_batch(n_problems: int, n_tests: int) -> list[dict]:
     return jobs
 
 
-def naive_judge(job: dict) -> str:
-    """Compile per sample (no PCH), run tests sequentially, no sandbox: the baseline."""
+def naive_judge(job: dict) -> tuple[str, int]:
+    """Compile per sample (no PCH), run tests sequentially up to the first TLE, no sandbox: the baseline.
+    Returns (verdict: the first non-AC test's, tests passed)."""
     work = Path(tempfile.mkdtemp(prefix="naive-"))
     try:
         if job["language"] == "cpp":
             (work / "a.cpp").write_text(job["source"])
             if subprocess.run(["g++", "-std=c++17", "-O2", "a.cpp", "-o", "a"], cwd=work,
                               capture_output=True).returncode:
-                return "CE"
+                return "CE", 0
             argv = ["./a"]
         else:
             (work / "a.py").write_text(job["source"])
             argv = [PYTHON, "a.py"]  # the interpreter minirl's judge uses, for a fair comparison
+        verdict, passed = "AC", 0
         for t in job["tests"]:
             try:
                 p = subprocess.run(argv, cwd=work, input=t["input"].encode(), capture_output=True,
                                    timeout=job["time_limit_s"])
             except subprocess.TimeoutExpired:
-                return "TLE"
-            if p.returncode:
-                return "RE"
-            if p.stdout.decode(errors="replace").split() != t["output"].split():
-                return "WA"
-        return "AC"
+                return ("TLE" if verdict == "AC" else verdict), passed
+            v = "RE" if p.returncode else "AC" if p.stdout.split() == t["output"].encode().split() else "WA"
+            passed += v == "AC"
+            verdict = v if verdict == "AC" else verdict
+        return verdict, passed
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -143,7 +147,7 @@ def main() -> None:
         tn, tm = sum(t_naive[k] for k in keys), sum(t_minirl[k] for k in keys)
         res = [r for k in keys for r in results[k]]
         busy = sum(r.compile_s + sum(t["wall_s"] for t in r.tests) for r in res)
-        agree = sum(a == r.verdict for k in keys for a, r in zip(naive[k], results[k]))
+        agree = sum(a == (r.verdict, r.passed) for k in keys for a, r in zip(naive[k], results[k]))
         print(f"{lang:8s} {tn:8.2f} {n / tn:7.2f} {tm:9.2f} {n / tm:7.2f} {tn / tm:5.1f}x "
               f"{busy / (CORES * tm):10.0%} {agree}/{n}")
     cpp = results["cpp"]
