@@ -74,17 +74,26 @@ def parse_tool_calls(tokenizer, text: str) -> list[dict]:
     """[{"name": ..., "arguments": {...}}] for each well-formed tool call in `text`; malformed calls are ignored
     (the turn then counts as a final answer)."""
     if getattr(tokenizer, "response_schema", None):
-        calls = tokenizer.parse_response(text).get("tool_calls") or []
-        return [c.get("function", c) for c in calls]
+        calls = [c.get("function", c) for c in tokenizer.parse_response(text).get("tool_calls") or []
+                 if isinstance(c, dict)]
+    else:
+        calls = [_json_or_none(body) for body in _HERMES_CALL.findall(text)]
     out = []
-    for body in _HERMES_CALL.findall(text):
-        try:
-            call = json.loads(body)
-        except json.JSONDecodeError:
+    for call in calls:
+        if not isinstance(call, dict):
             continue
-        if isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(call.get("arguments"), dict):
-            out.append({"name": call["name"], "arguments": call["arguments"]})
+        args = call.get("arguments")
+        args = _json_or_none(args) if isinstance(args, str) else args  # some schemas keep them as a JSON string
+        if isinstance(call.get("name"), str) and isinstance(args, dict):
+            out.append({"name": call["name"], "arguments": args})
     return out
+
+
+def _json_or_none(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
 
 
 def public_and_private_tests(truth: dict, num_public: int) -> tuple[list[dict], list[dict]]:
@@ -107,10 +116,11 @@ class CodeEnv:
     def reset(self, problem: dict) -> Messages:
         self.truth = as_problem(problem["reward_model"]["ground_truth"])
         self.public, self.private = public_and_private_tests(self.truth, self.num_public_tests)
+        self.prompt_turns = sum(m["role"] == "assistant" for m in problem["prompt"])  # few-shot answers are not turns
         return list(problem["prompt"])
 
     def step(self, messages: Messages, completion: str) -> tuple[Messages | None, float, dict]:
-        turn = 1 + sum(m["role"] == "assistant" for m in messages)
+        turn = 1 + sum(m["role"] == "assistant" for m in messages) - self.prompt_turns
         calls = parse_tool_calls(self.tokenizer, completion) if turn < self.max_turns else []
         call = next((c for c in calls if c["name"] == "check_solution"
                      and isinstance(c["arguments"].get("code"), str)), None)

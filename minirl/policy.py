@@ -3,8 +3,9 @@
 `token_logprobs` is the trainer's teacher-forced forward pass. It never builds the (N, T, V) fp32
 log-softmax that `log_softmax(logits).gather(...)` would: it runs the transformer body once, then applies the
 LM head to chunks of response positions, keeping only logsumexp and the gathered logit of each token. Under
-autograd each chunk is checkpointed, so its (chunk, V) logits are recomputed in backward instead of being
-stored (peak memory ~ one chunk of logits instead of the whole batch's; scripts/bench_logprobs.py measures).
+autograd each chunk is checkpointed when the batch's logits exceed one chunk's budget (LOGITS_PER_CHUNK), so
+its (chunk, V) logits are recomputed in backward instead of being stored (peak memory ~ one chunk of logits
+instead of the whole batch's; scripts/bench_logprobs.py measures).
 
 Shapes: N sequences, P prompt tokens (left-padded), R response tokens (right-padded), V vocabulary, H hidden.
 """
@@ -230,18 +231,22 @@ def chunked_logprobs(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch
     N, R, H = hidden.shape
     V = lm_head.weight.shape[0]
     chunk_tokens = chunk_tokens or max(16, min(MAX_CHUNK_TOKENS, LOGITS_PER_CHUNK // V))
+    # checkpointing bounds the logits kept for backward to one chunk's; when all of them fit in that bound anyway
+    # (a small vocabulary or batch), keeping them saves recomputing the LM head in backward (~10% of the step)
+    recompute = N * R * V > LOGITS_PER_CHUNK
+    run = (lambda fn, *args: checkpoint(fn, *args, use_reentrant=False)) if recompute else (lambda fn, *args: fn(*args))
     flat_h, flat_y = hidden.reshape(N * R, H), targets.reshape(N * R)
     logps, entropies = [], []
     for s in range(0, N * R, chunk_tokens):
         h, y = flat_h[s:s + chunk_tokens], flat_y[s:s + chunk_tokens]
-        if with_entropy and torch.is_grad_enabled():  # the training pass: checkpointed as below
-            lp, ent = checkpoint(_chunk_logp_with_entropy, h, y, lm_head, temperature, use_reentrant=False)
+        if with_entropy and torch.is_grad_enabled():  # the training pass
+            lp, ent = run(_chunk_logp_with_entropy, h, y, lm_head, temperature)
             entropies.append(ent)
         elif with_entropy:
             lp, ent = _chunk_logp_entropy(h, y, lm_head, temperature)
             entropies.append(ent)
         elif torch.is_grad_enabled():  # keep only the hidden states; rebuild the chunk's logits in backward
-            lp = checkpoint(_chunk_logp, h, y, lm_head, temperature, use_reentrant=False)
+            lp = run(_chunk_logp, h, y, lm_head, temperature)
         else:
             lp = _chunk_logp(h, y, lm_head, temperature)
         logps.append(lp)

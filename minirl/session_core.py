@@ -83,6 +83,10 @@ class Future:
         self.name, self._worker, self._future = name, worker, concurrent.futures.Future()
 
     def result(self, timeout: float | None = None):
+        if threading.current_thread() is self._worker._thread and not self._future.done():
+            # e.g. a forward_backward_custom loss waiting for a sample: the worker would wait for itself forever
+            raise SessionError(f"{self.name}: .result() called inside another operation of the same session, "
+                               "which runs on the thread this result waits for; get results before or after it")
         self._worker.flush()
         try:
             return self._future.result(timeout)

@@ -5,7 +5,9 @@
 
 TRL lives in its own environment (it pins its own versions of things); this script builds the model in
 minirl's environment, then runs each trainer as a separate process, alternating minirl, TRL, minirl, TRL, ...
-so that both see the same machine load. The configuration is issue 13's:
+so that all see the same machine load. TRL runs twice per round: with its defaults (`trl`: GRPOConfig turns
+gradient checkpointing on) and with `gradient_checkpointing=False` (`trl-nogc`, as minirl runs by default: the
+fairer comparison of the two codes on a model this small). The configuration is issue 13's:
 a random Qwen2 (hidden 256, 4 layers, vocab 2048), 8 prompts x 8 completions x 64 new tokens, k3 KL 0.04
 against a reference copy, lr 1e-5, T = 1, one optimizer step per rollout, fp32, 2 CPU threads.
 
@@ -70,7 +72,7 @@ def run_minirl(model: Path, steps: int, out: Path) -> list[dict[str, float]]:
             for r in rows]
 
 
-def run_trl(model: Path, steps: int, out: Path) -> list[dict[str, float]]:
+def run_trl(model: Path, steps: int, out: Path, gradient_checkpointing: bool = True) -> list[dict[str, float]]:
     """TRL's GRPOTrainer on the same model, prompts and configuration (run in TRL's environment)."""
     import torch
     torch.set_num_threads(THREADS)
@@ -89,7 +91,7 @@ def run_trl(model: Path, steps: int, out: Path) -> list[dict[str, float]]:
                         max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, beta=KL, learning_rate=LR,
                         lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, max_steps=steps,
                         logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, bf16=False,
-                        seed=0, dataloader_num_workers=0)
+                        seed=0, dataloader_num_workers=0, gradient_checkpointing=gradient_checkpointing)
     trainer = GRPOTrainer(model=str(model), reward_funcs=reward, args=config, train_dataset=data)
     times: list[dict[str, float]] = []
     current: dict[str, float] = {}
@@ -135,9 +137,11 @@ def summarise(runs: dict[str, list[list[dict]]]) -> None:
             med[(name, s)] = statistics.median(xs)
             cells.append(f"{med[(name, s)]:6.2f} [{min(xs):5.2f}-{max(xs):5.2f}]")
         print(f"{name:8s} " + " ".join(f"{c:>20s}" for c in cells))
-    if ("trl", "step") in med and ("minirl", "step") in med:
-        print(f"\nminirl / TRL step time (medians): {med[('minirl', 'step')] / med[('trl', 'step')]:.2f}x "
-              f"over {sum(len(r) - 1 for r in runs['minirl'])} and {sum(len(r) - 1 for r in runs['trl'])} steps")
+    print()
+    for trl in ("trl", "trl-nogc"):
+        if (trl, "step") in med and ("minirl", "step") in med:
+            print(f"minirl / {trl} step time (medians): {med[('minirl', 'step')] / med[(trl, 'step')]:.2f}x "
+                  f"over {sum(len(r) - 1 for r in runs['minirl'])} and {sum(len(r) - 1 for r in runs[trl])} steps")
 
 
 def main() -> None:
@@ -145,22 +149,24 @@ def main() -> None:
     ap.add_argument("--trl_python", default="/work/trl-venv/bin/python", help="a python with trl==1.16 installed")
     ap.add_argument("--steps", type=int, default=6, help="steps per run (the first is dropped)")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each trainer, alternating")
-    ap.add_argument("--worker", choices=["minirl", "trl"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["minirl", "trl", "trl-nogc"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:  # one trainer, in its own process; prints its per-step times as the last line
-        fn = run_minirl if args.worker == "minirl" else run_trl
-        print("BENCH " + json.dumps(fn(Path(args.model), args.steps, Path(args.out))))
+        model, out = Path(args.model), Path(args.out)
+        times = run_minirl(model, args.steps, out) if args.worker == "minirl" else \
+            run_trl(model, args.steps, out, gradient_checkpointing=args.worker == "trl")
+        print("BENCH " + json.dumps(times))
         return
 
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    runs: dict[str, list[list[dict]]] = {"minirl": [], "trl": []}
+    runs: dict[str, list[list[dict]]] = {"minirl": [], "trl": [], "trl-nogc": []}
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "model"
         build_model(model)
         for i in range(args.repeats):
-            for name, python in (("minirl", sys.executable), ("trl", args.trl_python)):
+            for name, python in (("minirl", sys.executable), ("trl", args.trl_python), ("trl-nogc", args.trl_python)):
                 cmd = [python, __file__, "--worker", name, "--model", str(model), "--steps", str(args.steps),
                        "--out", str(Path(tmp) / f"{name}{i}")]
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -76,11 +76,34 @@ def test_code_env_tool_runs_public_tests_and_final_answer_is_scored_on_private_t
     assert env.public == TRUTH["tests"][:1] and env.private == TRUTH["tests"]
 
 
+def test_few_shot_assistant_messages_in_the_prompt_are_not_turns(judge, tiny_tokenizer):
+    env = CodeEnv(judge, tiny_tokenizer, max_turns=2)
+    shot = [{"role": "user", "content": "Print 1."}, {"role": "assistant", "content": "```python\nprint(1)\n```"}]
+    messages = env.reset({**ROW, "prompt": shot + ROW["prompt"]})
+    new, reward, info = env.step(messages, tool_call_text("print(3)"))  # turn 1 of 2: the tool still answers
+    assert new is not None and info == {"turns": 1, "tool_verdict": "AC"}
+    assert env.step(new, f"```python\n{AB_PY}```") == (None, 1.0, {"turns": 2, "verdict": "AC"})
+
+
 def test_malformed_tool_calls_are_final_answers(tiny_tokenizer):
     assert parse_tool_calls(tiny_tokenizer, "<tool_call>{not json}</tool_call>") == []
     assert parse_tool_calls(tiny_tokenizer, '<tool_call>{"name": "f"}</tool_call>') == []
     assert parse_tool_calls(tiny_tokenizer, tool_call_text("x")) == [{"name": "check_solution",
                                                                      "arguments": {"code": "x"}}]
+    # arguments given as a JSON string (some tokenizers' response schemas keep them so) are parsed too
+    as_string = '<tool_call>{"name": "check_solution", "arguments": "{\\"code\\": \\"x\\"}"}</tool_call>'
+    assert parse_tool_calls(tiny_tokenizer, as_string) == [{"name": "check_solution", "arguments": {"code": "x"}}]
+    assert parse_tool_calls(tiny_tokenizer, '<tool_call>{"name": "f", "arguments": "{oops"}</tool_call>') == []
+
+
+def test_tool_calls_from_a_response_schema_with_string_arguments(tiny_tokenizer):
+    class SchemaTokenizer:
+        response_schema = {"stub": True}
+
+        def parse_response(self, text):
+            return {"tool_calls": [{"type": "function", "function": {"name": "check_solution",
+                                                                     "arguments": '{"code": "y"}'}}, "junk"]}
+    assert parse_tool_calls(SchemaTokenizer(), "...") == [{"name": "check_solution", "arguments": {"code": "y"}}]
 
 
 class ScriptedSampler:

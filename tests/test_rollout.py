@@ -103,3 +103,40 @@ def test_logprobs_at_a_temperature_are_those_generate_sampled_from(random_model,
     assert mask.sum() > 4 and torch.allclose(logp[mask == 1], expected[mask == 1], atol=1e-4)
     at_one, _ = token_logprobs(random_model, out.sequences, attn, R)
     assert not torch.allclose(at_one[mask == 1], expected[mask == 1], atol=1e-2)  # T=1: another policy
+
+
+def test_gumbel_sampling_draws_from_the_tempered_truncated_softmax():
+    """argmax(processed scores + Gumbel noise) has the distribution generate's multinomial sampling would:
+    softmax(logits / T) over the top-k, and never a filtered token."""
+    from minirl.rollout import sampling_processors
+    torch.manual_seed(0)
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, 3.0]]).repeat(40000, 1)         # (n, V)
+    scores = logits.clone()
+    for proc in sampling_processors(temperature=0.7, top_p=1.0, top_k=4):
+        scores = proc(None, scores)
+    counts = torch.bincount(scores.argmax(-1), minlength=6).float() / len(scores)
+    expected = torch.softmax(torch.tensor([2.0, 1.0, 0.5, -float("inf"), -float("inf"), 3.0]) / 0.7, -1)
+    assert counts[3] == 0 and counts[4] == 0                            # cut by top-k
+    assert torch.allclose(counts, expected, atol=0.01), (counts, expected)   # 40k draws: std < 0.0025
+    assert not torch.allclose(counts, torch.softmax(torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 3.0]), -1), atol=0.01)
+
+
+def test_chunked_logprobs_gradients_are_the_same_with_and_without_recomputing(monkeypatch):
+    """Below LOGITS_PER_CHUNK the chunks keep their logits for backward; above it they are recomputed. Both give
+    the same log-probs, entropies and gradients."""
+    from minirl import policy
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 50, bias=False)
+    h0, y = torch.randn(3, 7, 8), torch.randint(0, 50, (3, 7))
+    results = []
+    for budget in (policy.LOGITS_PER_CHUNK, 16):       # 3*7*50 logits: kept, then recomputed (budget 16)
+        monkeypatch.setattr(policy, "LOGITS_PER_CHUNK", budget)
+        h = h0.clone().requires_grad_()
+        head.zero_grad()
+        lp, ent = policy.chunked_logprobs(h, y, head, temperature=0.7, chunk_tokens=4, with_entropy=True)
+        (lp * torch.arange(21.0).view(3, 7)).sum().backward()
+        results.append((lp.detach(), ent, h.grad, head.weight.grad.clone()))
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, atol=1e-6)
+    naive = torch.log_softmax(head(h0) / 0.7, -1).gather(-1, y[..., None]).squeeze(-1)
+    assert torch.allclose(results[0][0], naive, atol=1e-5)

@@ -83,6 +83,20 @@ def test_custom_loss_gets_the_gradient_of_the_built_in_loss(svc, tiny_path):
     tc.stop()
 
 
+def test_waiting_for_a_result_inside_a_custom_loss_raises_instead_of_hanging(svc, tiny_path):
+    """The loss runs on the session's worker thread; a .result() there would wait for that thread forever."""
+    tc = svc.create_training_client(str(tiny_path), micro_batch_size=2)
+    datums = [Datum(toy_prompts(tc.get_tokenizer(), 1)[0], [5, 6])]
+
+    def loss_that_waits(ds, lps):
+        tc.forward(ds, "cross_entropy").result()  # queued behind this very operation
+        return -lps[0].sum(), {}
+    with pytest.raises(SessionError, match="inside another operation"):
+        tc.forward_backward_custom(datums, loss_that_waits).result(timeout=60)
+    assert tc.forward(datums, "cross_entropy").result(timeout=60).loss > 0  # the session still works
+    tc.stop()
+
+
 def test_grpo_recipe_first_step_equals_train_py(tmp_path, tiny_path):
     """Same seeds and settings (advantages centred within the group = train.py's dr_grpo): the same rollouts,
     so the same rewards exactly, and the same first-step loss and gradient norm. Not to the last bit: train.py's
