@@ -15,10 +15,12 @@ never touch each other's programs.
 
 Speed: C++ is compiled once per unique (source, flags), against a force-included precompiled <bits/stdc++.h>
 (minirl/compile.py); binaries and compile errors are cached by hash. Python syntax errors are found by
-`compile()` in the worker, without running anything, and reported as CE. Jobs run in parallel; the tests of one
-program run one after another and stop at the first TLE (every later test would cost a full time limit, and
-both reward styles give the same reward from that point). Output is compared as bytes, token by token, and
-never decoded (a 64 MiB flood of garbage costs one token).
+`compile()` in the worker, without running anything, and reported as CE. Jobs run in parallel, and a worker
+with no program left to start takes the not yet started tests of one still running, so the last programs of a
+batch do not run alone on one core. Whatever order tests run in, the result is the sequential judge's: tests
+count in order up to the first TLE, where a program's testing stops (every later test would cost a full time
+limit, and both reward styles give the same reward from that point). Output is compared as bytes, token by
+token, and never decoded (a 64 MiB flood of garbage costs one token).
 
 Failures are verdicts: whatever a program does, `run`/`run_many` return a result for it (a failure of the judge
 itself on one job is logged and returned as RE); only a call the caller got wrong (an unknown language) raises.
@@ -28,7 +30,6 @@ says which mode this machine allows, the README what each guarantees).
 """
 from __future__ import annotations
 
-import concurrent.futures as futures
 import json
 import logging
 import math
@@ -38,6 +39,7 @@ import queue
 import re
 import signal
 import tempfile
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -105,6 +107,11 @@ def _output_matches(path: Path, expected: str, float_tolerance: float | None) ->
 
 
 # --- one job ---------------------------------------------------------------------------------------------
+#
+# A job is judged in three pieces, the same for `judge_job` (one thread) and `Judge.run_many` (a pool whose
+# idle workers take tests of programs still running): `_prepare` (compile or syntax check, the run folder),
+# `_run_test` (one test, under the uid of whichever worker runs it) and `_finish` (the result, as the
+# sequential judge gives it, whatever order the tests ran in).
 
 def _classify(r: dict, time_limit_s: float, memory_mb: int, output_limit: int) -> str | None:
     """Verdict of a finished run, or None if it exited cleanly (then the output decides AC/WA)."""
@@ -134,59 +141,163 @@ def judge_job(source: str, language: str, tests: list[dict], time_limit_s: float
     try:
         uid = lease.uids[0] if lease else uid
         mode = isolation_mode(uid) if mode is None else mode
-        return _judge(source, LANGUAGES[language], tests, time_limit_s, memory_limit_mb, float_tolerance,
-                      checker, tuple(cxx_flags), mode, uid, cgroups)
+        job = _prepare(source, language, tests, time_limit_s, memory_limit_mb, float_tolerance, checker,
+                       cxx_flags, mode=mode, uid=uid, cgroups=cgroups)
+        return job if isinstance(job, JudgeResult) else job.own(uid)
     except Exception as e:  # noqa: BLE001 -- one job must never stop a training run
-        log.exception("judge error on one job")
-        return JudgeResult("RE", 0, len(tests), message=f"judge error: {type(e).__name__}: {e}"[:MESSAGE_LIMIT])
+        return _judge_error(e, len(tests))
     finally:
         if lease:
             lease.release()
 
 
-def _judge(source: str, language: str, tests: list[dict], time_limit_s: float, memory_mb: int,
-           float_tolerance: float | None, checker: dict | None, cxx_flags: tuple[str, ...], mode: str, uid: int,
-           cgroups: Cgroups | None) -> JudgeResult:
-    total = len(tests)
+def _judge_error(e: Exception, total: int) -> JudgeResult:
+    log.error("judge error on one job", exc_info=e)
+    return JudgeResult("RE", 0, total, message=f"judge error: {type(e).__name__}: {e}"[:MESSAGE_LIMIT])
+
+
+class _Job:
+    """A prepared program whose tests any worker may run. Its owner (the worker that prepared it) takes tests
+    in index order until none is left; a worker with no program left to start takes the next ones too, so the
+    last programs of a batch do not run alone on one core. Outcomes are kept by index: `_finish` gives the
+    sequential judge's result whatever order they arrived in."""
+
+    def __init__(self, root: Path, tests: list[dict], argv: list[str], files: dict[str, Path], time_limit_s: float,
+                 memory_mb: int, float_tolerance: float | None, checker: dict | None, compile_s: float, mode: str,
+                 cgroups: Cgroups | None):
+        self.root, self.tests, self.argv, self.files = root, tests, argv, files
+        self.time_limit_s, self.memory_mb, self.float_tolerance, self.checker = \
+            time_limit_s, memory_mb, float_tolerance, checker
+        self.compile_s, self.mode, self.cgroups = compile_s, mode, cgroups
+        self.outcomes: dict[int, tuple[dict, str] | Exception] = {}  # test index -> (result, stderr) or error
+        self._cond = threading.Condition()
+        self._next = 0            # the next test to hand out
+        self._in_flight = 0       # tests handed out and not yet recorded: they use the run folder
+        self._stopped = False     # a TLE, a judge error or the owner finishing: later tests would not count
+
+    def left(self) -> int:
+        """Tests not handed out yet (0 once stopped)."""
+        with self._cond:
+            return 0 if self._stopped else len(self.tests) - self._next
+
+    def take(self) -> int | None:
+        """The next test's index for the caller to `run`, or None once all are taken or the job has stopped."""
+        with self._cond:
+            if self._stopped or self._next == len(self.tests):
+                return None
+            self._next += 1
+            self._in_flight += 1
+            return self._next - 1
+
+    def run(self, i: int, uid: int) -> None:
+        """Run taken test `i` as `uid` (the calling worker's) and record its outcome. Never raises an Exception:
+        a judge error is recorded for `_finish` to report, and the test is never left counted as in flight, so
+        the owner cannot wait forever on a thread that died."""
+        outcome: tuple[dict, str] | Exception = RuntimeError(f"test {i} was interrupted")
+        try:
+            outcome = _run_test(self, i, uid)
+        except Exception as e:  # noqa: BLE001 -- becomes this job's verdict in _finish
+            outcome = e
+        finally:
+            with self._cond:
+                self.outcomes[i] = outcome
+                if isinstance(outcome, Exception) or outcome[0]["verdict"] == "TLE":
+                    self._stopped = True  # the sequential judge stops here: save the cores
+                self._in_flight -= 1
+                self._cond.notify_all()
+
+    def own(self, uid: int) -> JudgeResult:
+        """The owner's part: run tests until none is left to take, then the result (after the tests other
+        workers took have ended)."""
+        while (i := self.take()) is not None:
+            self.run(i, uid)
+        return _finish(self)
+
+    def wait_idle(self) -> None:
+        """Hand out no more tests and wait until none is in flight."""
+        with self._cond:
+            self._stopped = True
+            self._cond.wait_for(lambda: self._in_flight == 0)
+
+
+def _prepare(source: str, language: str, tests: list[dict], time_limit_s: float = 2.0, memory_limit_mb: int = 256,
+             float_tolerance: float | None = None, checker: dict | None = None,
+             cxx_flags: tuple[str, ...] = CXX_FLAGS, *, mode: str, uid: int,
+             cgroups: Cgroups | None) -> JudgeResult | _Job:
+    """Compile or syntax-check `source` and make its run folder: a job ready to run, or its result (CE)."""
+    language = LANGUAGES[language]
     root = Path(tempfile.mkdtemp(prefix="run-", dir=cache_dir()))  # 0700: host-side files of this job
     try:
         if mode == "uid":
-            os.chmod(root, 0o711)  # the program's own work folder (0700, its uid) is inside
+            os.chmod(root, 0o711)  # each test's work folder (0700, the uid running it) is inside
+        compile_s = 0.0
         if language == "cpp":
-            binary, message, compile_s = compile_cpp(source, cxx_flags, uid, mode, cgroups)
+            binary, message, compile_s = compile_cpp(source, tuple(cxx_flags), uid, mode, cgroups)
             if binary is None:
-                return JudgeResult("CE", 0, total, message=message[:MESSAGE_LIMIT], compile_s=compile_s)
+                remove_tree(root)
+                return JudgeResult("CE", 0, len(tests), message=message[:MESSAGE_LIMIT], compile_s=compile_s)
             argv, files = ["./main"], {"main": binary}
         else:
             message = _python_syntax_error(source)
             if message:
-                return JudgeResult("CE", 0, total, message=message[:MESSAGE_LIMIT])
+                remove_tree(root)
+                return JudgeResult("CE", 0, len(tests), message=message[:MESSAGE_LIMIT])
             (root / "main.py").write_text(source)
             # -I (no user site, no environment), not -S: site defines exit() and quit(), which solutions call
-            argv, files, compile_s = ["python3", "-I", "main.py"], {"main.py": root / "main.py"}, 0.0
+            argv, files = ["python3", "-I", "main.py"], {"main.py": root / "main.py"}
+        if checker and checker.get("language", "python").startswith("python"):
+            (root / "checker.py").write_text(checker["source"])  # once: tests may run at once and all read it
+        return _Job(root, tests, argv, files, time_limit_s, memory_limit_mb, float_tolerance, checker, compile_s,
+                    mode, cgroups)
+    except BaseException:
+        remove_tree(root)
+        raise
+
+
+def _run_test(job: _Job, i: int, uid: int) -> tuple[dict, str]:
+    """Test `i`'s result and its stderr (for a non-AC verdict). Its files are its own (t{i}.*, c{i}.*, the work
+    folder t{i} outside namespaces), so tests of one job may run at once, each as its worker's uid."""
+    root, test = job.root, job.tests[i]
+    (root / f"t{i}.in").write_text(test["input"])
+    r = run_sandboxed(job.argv, root, f"t{i}", uid=uid, time_limit_s=job.time_limit_s, memory_mb=job.memory_mb,
+                      mode=job.mode, stdin_path=root / f"t{i}.in", files=job.files, cgroups=job.cgroups)
+    v = _classify(r, job.time_limit_s, job.memory_mb, OUTPUT_LIMIT_BYTES)
+    if v is None:
+        ok = _check(job.checker, test, r["out"], root, i, uid, job.mode, job.cgroups) if job.checker else \
+            _output_matches(r["out"], test["output"], job.float_tolerance)
+        v = "AC" if ok else "WA"
+    result = {"verdict": v, "time_s": round(r["cpu_s"], 4), "wall_s": round(r["wall_s"], 4),
+              "memory_mb": None if r["max_rss_mb"] is None else round(r["max_rss_mb"], 1)}
+    message = tail(r["err"]) if v != "AC" else ""
+    for name in (f"t{i}.in", f"t{i}.out", f"t{i}.err"):
+        (root / name).unlink(missing_ok=True)
+    return result, message
+
+
+def _finish(job: _Job) -> JudgeResult:
+    """Wait for the job's tests in flight, then its result as the sequential judge gives it: tests count in
+    index order up to the first TLE (any later ones that ran beside it are dropped); a judge error in a counted
+    test raises. Removes the run folder."""
+    try:
+        job.wait_idle()
         results, passed, verdict, message = [], 0, "AC", ""
-        for i, test in enumerate(tests):
-            (root / f"t{i}.in").write_text(test["input"])
-            r = run_sandboxed(argv, root, f"t{i}", uid=uid, time_limit_s=time_limit_s, memory_mb=memory_mb,
-                              mode=mode, stdin_path=root / f"t{i}.in", files=files, cgroups=cgroups)
-            v = _classify(r, time_limit_s, memory_mb, OUTPUT_LIMIT_BYTES)
-            if v is None:
-                ok = _check(checker, test, r["out"], root, i, uid, mode, cgroups) if checker else \
-                    _output_matches(r["out"], test["output"], float_tolerance)
-                v = "AC" if ok else "WA"
-            results.append({"verdict": v, "time_s": round(r["cpu_s"], 4), "wall_s": round(r["wall_s"], 4),
-                            "memory_mb": None if r["max_rss_mb"] is None else round(r["max_rss_mb"], 1)})
-            if v == "AC":
+        for i in range(len(job.tests)):
+            if i not in job.outcomes:  # never taken: the job stopped before it
+                break
+            outcome = job.outcomes[i]
+            if isinstance(outcome, Exception):
+                raise outcome
+            result, err = outcome
+            results.append(result)
+            if result["verdict"] == "AC":
                 passed += 1
             elif verdict == "AC":
-                verdict, message = v, tail(r["err"])
-            for name in (f"t{i}.in", f"t{i}.out", f"t{i}.err"):
-                (root / name).unlink(missing_ok=True)
-            if v == "TLE":
+                verdict, message = result["verdict"], err
+            if result["verdict"] == "TLE":
                 break
-        return JudgeResult(verdict, passed, total, results, message, compile_s)
+        return JudgeResult(verdict, passed, len(job.tests), results, message, job.compile_s)
     finally:
-        remove_tree(root)
+        remove_tree(job.root)
 
 
 def _python_syntax_error(source: str) -> str:
@@ -203,14 +314,14 @@ def _python_syntax_error(source: str) -> str:
 
 def _check(checker: dict, test: dict, out: Path, root: Path, i: int, uid: int, mode: str,
            cgroups: Cgroups | None) -> bool:
-    """A special checker: a program run as `checker input expected actual`; exit code 0 accepts."""
+    """A special checker: a program run as `checker input expected actual`; exit code 0 accepts. A Python
+    checker's source is root/checker.py, written by `_prepare`."""
     (root / f"c{i}.exp").write_text(test["output"])
     files = {"input.txt": root / f"t{i}.in", "expected.txt": root / f"c{i}.exp", "actual.txt": out}
     if checker.get("language", "python").startswith("python"):
-        (root / "checker.py").write_text(checker["source"])
         argv, files["checker.py"] = ["python3", "-I", "checker.py"], root / "checker.py"
     else:
-        binary, _, _ = compile_cpp(checker["source"], CXX_FLAGS, uid, mode, cgroups)
+        binary, _, _ = compile_cpp(checker["source"], CXX_FLAGS, uid, mode, cgroups)  # cached after the first
         if binary is None:
             raise ValueError("the special checker does not compile")
         argv, files["checker"] = ["./checker"], binary
@@ -229,6 +340,44 @@ def default_workers() -> int:
     return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
+class _Batch:
+    """One `run_many` call's work: jobs not started yet, jobs being prepared, and prepared jobs whose tests
+    idle workers may take."""
+
+    def __init__(self, jobs: list[dict]):
+        self.jobs = jobs
+        self.results: list[JudgeResult | None] = [None] * len(jobs)
+        self._cond = threading.Condition()
+        self._next = 0            # the next job to start
+        self._preparing = 0       # jobs being compiled: their tests may soon be shared
+        self._running: list[_Job] = []
+
+    def next_work(self) -> int | _Job | None:
+        """The index of a job to start; else the running job with most tests left to take; else None once no
+        more work can come (while a job is still being prepared, wait for it: its tests may be shared)."""
+        with self._cond:
+            while True:
+                if self._next < len(self.jobs):
+                    self._next += 1
+                    self._preparing += 1
+                    return self._next - 1
+                left = [(job.left(), job) for job in self._running]
+                self._running = [job for n, job in left if n]  # a job never gets more tests to hand out
+                if self._running:
+                    return max(left, key=lambda nj: nj[0])[1]
+                if not self._preparing:
+                    return None
+                self._cond.wait()
+
+    def prepared(self, job: _Job | None) -> None:
+        """A job's preparation ended: its tests may be taken (None: it has none to run, e.g. CE)."""
+        with self._cond:
+            self._preparing -= 1
+            if job is not None:
+                self._running.append(job)
+            self._cond.notify_all()
+
+
 class Judge:
     """A pool of worker threads that judge programs; reuse one across training steps. Each worker drives one
     sandboxed process at a time with a uid leased for this Judge alone (flock, host-wide)."""
@@ -244,7 +393,6 @@ class Judge:
             self._uids.put(uid)
         self.isolation = isolation_mode(self._lease.uids[0])
         self.cgroups = Cgroups.detect() if cgroups and self.isolation != "rlimits" else None
-        self._pool = futures.ThreadPoolExecutor(self.workers, thread_name_prefix="judge")
         pch_dir(self.cxx_flags)  # build the precompiled header once, up front
 
     def run(self, source: str, language: str, tests: list[dict], time_limit_s: float = 2.0,
@@ -259,19 +407,50 @@ class Judge:
         for job in jobs:
             if job["language"] not in LANGUAGES:
                 raise ValueError(f"unsupported language {job['language']!r}; use 'cpp' or 'python'")
-        subs = [self._pool.submit(self._job, job) for job in jobs]
-        return [s.result() for s in subs]
+        batch = _Batch(jobs)
+        threads = [threading.Thread(target=self._worker, args=(batch,), name=f"judge-{k}", daemon=True)
+                   for k in range(self.workers if jobs else 0)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if any(r is None for r in batch.results):
+            raise RuntimeError("a judge worker died")  # a bug in the judge, not anything a program did
+        return batch.results
 
-    def _job(self, job: dict) -> JudgeResult:
-        uid = self._uids.get()  # as many uids as workers: never waits
+    def _worker(self, batch: _Batch) -> None:
+        """Start jobs while any is left, then help running ones with their tests. The uid is this worker's for
+        its whole life: a test it takes from another job runs as it (and in its cgroup), never beside another
+        run of the same uid."""
+        uid = self._uids.get()  # as many uids as workers: waits only while another run_many's workers hold them
         try:
-            return judge_job(**{"cxx_flags": self.cxx_flags, **job, "mode": self.isolation, "uid": uid,
-                                "cgroups": self.cgroups})
+            while (work := batch.next_work()) is not None:
+                if isinstance(work, int):
+                    batch.results[work] = self._own(batch, work, uid)
+                elif (i := work.take()) is not None:
+                    work.run(i, uid)
         finally:
             self._uids.put(uid)
 
+    def _own(self, batch: _Batch, k: int, uid: int) -> JudgeResult:
+        """Prepare job `k`, share its tests with idle workers, run them and return its result."""
+        spec = batch.jobs[k]
+        job = None
+        try:
+            try:
+                prepared = _prepare(**{"cxx_flags": self.cxx_flags, **spec, "mode": self.isolation, "uid": uid,
+                                       "cgroups": self.cgroups})
+                if isinstance(prepared, JudgeResult):
+                    return prepared
+                job = prepared
+            finally:
+                batch.prepared(job)  # exactly once: idle workers wait on it
+            return job.own(uid)
+        except Exception as e:  # noqa: BLE001 -- one job must never stop a training run
+            return _judge_error(e, len(spec["tests"]))
+
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Release the uids and cgroups; call once every run_many has returned."""
         if self.cgroups:
             self.cgroups.close()
         self._lease.release()

@@ -11,7 +11,8 @@ import pytest
 
 from minirl.data import GSM8K_SOURCE
 from conftest import shared_file
-from minirl.judge import Judge, outputs_match
+import minirl.judge as judge_module
+from minirl.judge import Judge, judge_job, outputs_match
 from minirl.rewards import code_reward, code_rewards, extract_code, reward_from_result
 
 AB = [{"input": "1 2\n", "output": "3"}, {"input": "5 7\n", "output": "12\n"}]
@@ -86,6 +87,62 @@ def test_run_many_keeps_order_and_compiles_once(judge):
     results = judge.run_many(jobs)
     assert [r.verdict for r in results] == ["AC", "WA", "AC", "AC"]
     assert results[-1].compile_s == 0.0  # the same source again: the cached binary
+
+
+def summary(res):
+    return res.verdict, res.passed, res.total, [t["verdict"] for t in res.tests]
+
+
+def sequential(judge, job):
+    """The one-thread judge on the same job, as the pool's results must be."""
+    return judge_job(**{"time_limit_s": 2.0, **job}, mode=judge.isolation, cgroups=judge.cgroups)
+
+
+@pytest.fixture
+def runs_by_uid(monkeypatch):
+    """(uid, run name) of every program run by the judge's tests (compiles not included)."""
+    seen, run = [], judge_module.run_sandboxed
+    monkeypatch.setattr(judge_module, "run_sandboxed", lambda argv, rundir, name, **kw:
+                        seen.append((kw["uid"], name)) or run(argv, rundir, name, **kw))
+    return seen
+
+
+def test_an_idle_worker_takes_tests_of_a_running_program(judge, runs_by_uid):
+    """One program of 6 slow tests on 2 workers: the worker with no program to start runs some of its tests."""
+    spin = "import time\nn = int(input())\nt = time.process_time()\nwhile time.process_time() - t < 0.2:\n" \
+           "    pass\nprint(n if n != 4 else -1)\n"
+    job = dict(source=spin, language="python", tests=[{"input": f"{i}\n", "output": str(i)} for i in range(6)])
+    res = judge.run_many([job])[0]
+    assert {uid for uid, name in runs_by_uid} == set(judge.uids)  # both workers ran some of its tests
+    assert sorted(name for _, name in runs_by_uid) == [f"t{i}" for i in range(6)]
+    assert summary(res) == ("WA", 5, 6, ["AC"] * 4 + ["WA", "AC"])
+    assert summary(res) == summary(sequential(judge, job))
+
+
+def test_tests_after_the_first_tle_do_not_count_even_if_they_ran(judge, runs_by_uid):
+    src = "import time\nn = int(input())\nif n == 2:\n    time.sleep(30)\nprint(n)\n"
+    job = dict(source=src, language="python", tests=[{"input": f"{i}\n", "output": str(i)} for i in range(6)],
+               time_limit_s=0.5)
+    res = judge.run_many([job])[0]
+    assert summary(res) == ("TLE", 2, 6, ["AC", "AC", "TLE"])
+    assert any(name in ("t3", "t4", "t5") for _, name in runs_by_uid)  # ran beside the TLE, then dropped
+    assert summary(res) == summary(sequential(judge, job))
+
+
+def test_run_many_equals_the_sequential_judge_on_a_mixed_batch(judge):
+    tests = [{"input": f"{i} {i}\n", "output": str(2 * i)} for i in range(5)]
+    wrong_cpp = AB_CPP.replace("a+b", "(a == 2 ? 0 : a + b)")
+    # AC, then WA at test 1, RE at test 3: the verdict is the first non-AC in test order, whatever ran first
+    mixed_py = "a, b = map(int, input().split())\nif a == 3:\n    raise SystemExit(1)\nprint(0 if a == 1 else a + b)\n"
+    jobs = [dict(source=AB_CPP, language="cpp", tests=tests), dict(source=wrong_cpp, language="cpp", tests=tests),
+            dict(source="int main() { return 0 }", language="cpp", tests=tests),
+            dict(source=AB_PY, language="python", tests=tests), dict(source=mixed_py, language="python", tests=tests),
+            dict(source="import sys\nsys.exit(2)\n", language="python", tests=tests),
+            dict(source="print(0)", language="python", tests=tests)]
+    results = judge.run_many(jobs)
+    assert [summary(r) for r in results] == [summary(sequential(judge, job)) for job in jobs]
+    assert [r.verdict for r in results] == ["AC", "WA", "CE", "AC", "WA", "RE", "WA"]
+    assert summary(results[4]) == ("WA", 3, 5, ["AC", "WA", "AC", "RE", "AC"])
 
 
 # --- hostile programs --------------------------------------------------------------------------------------
