@@ -75,6 +75,9 @@ def build_batch(n_problems: int, n_tests: int) -> list[dict]:
     return jobs
 
 
+NAIVE_COMPILE_S = [0.0]  # the naive judge's time in g++, summed
+
+
 def naive_judge(job: dict) -> tuple[str, int]:
     """Compile per sample (no PCH), run tests sequentially up to the first TLE, no sandbox: the baseline.
     Returns (verdict: the first non-AC test's, tests passed)."""
@@ -82,8 +85,11 @@ def naive_judge(job: dict) -> tuple[str, int]:
     try:
         if job["language"] == "cpp":
             (work / "a.cpp").write_text(job["source"])
-            if subprocess.run(["g++", "-std=c++17", "-O2", "a.cpp", "-o", "a"], cwd=work,
-                              capture_output=True).returncode:
+            t0 = time.perf_counter()
+            failed = subprocess.run(["g++", "-std=c++17", "-O2", "a.cpp", "-o", "a"], cwd=work,
+                                    capture_output=True).returncode
+            NAIVE_COMPILE_S[0] += time.perf_counter() - t0
+            if failed:
                 return "CE", 0
             argv = ["./a"]
         else:
@@ -151,6 +157,7 @@ def main() -> None:
         print(f"{lang:8s} {tn:8.2f} {n / tn:7.2f} {tm:9.2f} {n / tm:7.2f} {tn / tm:5.1f}x "
               f"{busy / (CORES * tm):10.0%} {agree}/{n}")
     cpp = results["cpp"]
+    print(f"naive C++: {NAIVE_COMPILE_S[0]:.2f} s compiling, {t_naive['cpp'] - NAIVE_COMPILE_S[0]:.2f} s running tests")
     print(f"minirl C++: {sum(r.compile_s for r in cpp):.2f} s compiling with the PCH, "
           f"{sum(t['wall_s'] for r in cpp for t in r.tests):.2f} s running tests (core-seconds)")
     from collections import Counter
