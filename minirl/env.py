@@ -92,7 +92,7 @@ def parse_tool_calls(tokenizer, text: str) -> list[dict]:
 def _json_or_none(text: str):
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # malformed, or nested deeper than the parser's recursion limit
         return None
 
 

@@ -258,7 +258,7 @@ def _run_test(job: _Job, i: int, uid: int) -> tuple[dict, str]:
     """Test `i`'s result and its stderr (for a non-AC verdict). Its files are its own (t{i}.*, c{i}.*, the work
     folder t{i} outside namespaces), so tests of one job may run at once, each as its worker's uid."""
     root, test = job.root, job.tests[i]
-    (root / f"t{i}.in").write_text(test["input"])
+    _write_private(root / f"t{i}.in", test["input"], uid, job.mode)
     r = run_sandboxed(job.argv, root, f"t{i}", uid=uid, time_limit_s=job.time_limit_s, memory_mb=job.memory_mb,
                       mode=job.mode, stdin_path=root / f"t{i}.in", files=job.files, cgroups=job.cgroups)
     v = _classify(r, job.time_limit_s, job.memory_mb, OUTPUT_LIMIT_BYTES)
@@ -272,6 +272,16 @@ def _run_test(job: _Job, i: int, uid: int) -> tuple[dict, str]:
     for name in (f"t{i}.in", f"t{i}.out", f"t{i}.err"):
         (root / name).unlink(missing_ok=True)
     return result, message
+
+
+def _write_private(path: Path, text: str, uid: int, mode: str) -> None:
+    """A test's input or expected output: readable by the uid running that test (for a checker) and nobody
+    else. Outside namespaces a program sees the run folder, where another test of its job may run at once."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "w") as f:
+        f.write(text)
+    if mode != "rlimits":  # root: hand it to the sandbox uid (without root there is nobody else to keep out)
+        os.chown(path, uid, uid)
 
 
 def _finish(job: _Job) -> JudgeResult:
@@ -316,7 +326,7 @@ def _check(checker: dict, test: dict, out: Path, root: Path, i: int, uid: int, m
            cgroups: Cgroups | None) -> bool:
     """A special checker: a program run as `checker input expected actual`; exit code 0 accepts. A Python
     checker's source is root/checker.py, written by `_prepare`."""
-    (root / f"c{i}.exp").write_text(test["output"])
+    _write_private(root / f"c{i}.exp", test["output"], uid, mode)
     files = {"input.txt": root / f"t{i}.in", "expected.txt": root / f"c{i}.exp", "actual.txt": out}
     if checker.get("language", "python").startswith("python"):
         argv, files["checker.py"] = ["python3", "-I", "checker.py"], root / "checker.py"
@@ -393,6 +403,8 @@ class Judge:
             self._uids.put(uid)
         self.isolation = isolation_mode(self._lease.uids[0])
         self.cgroups = Cgroups.detect() if cgroups and self.isolation != "rlimits" else None
+        self._calls = 0                        # run_many calls in flight: close() waits for them
+        self._calls_done = threading.Condition()
         pch_dir(self.cxx_flags)  # build the precompiled header once, up front
 
     def run(self, source: str, language: str, tests: list[dict], time_limit_s: float = 2.0,
@@ -410,10 +422,17 @@ class Judge:
         batch = _Batch(jobs)
         threads = [threading.Thread(target=self._worker, args=(batch,), name=f"judge-{k}", daemon=True)
                    for k in range(self.workers if jobs else 0)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        with self._calls_done:
+            self._calls += 1
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            with self._calls_done:
+                self._calls -= 1
+                self._calls_done.notify_all()
         if any(r is None for r in batch.results):
             raise RuntimeError("a judge worker died")  # a bug in the judge, not anything a program did
         return batch.results
@@ -450,7 +469,9 @@ class Judge:
             return _judge_error(e, len(spec["tests"]))
 
     def close(self) -> None:
-        """Release the uids and cgroups; call once every run_many has returned."""
+        """Wait for run_many calls in flight (their sandboxes run as our uids), then release the uids and cgroups."""
+        with self._calls_done:
+            self._calls_done.wait_for(lambda: self._calls == 0)
         if self.cgroups:
             self.cgroups.close()
         self._lease.release()

@@ -78,7 +78,9 @@ class GumbelNoise(LogitsProcessor):
     the exponential variates torch.multinomial uses."""
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        return scores - torch.rand_like(scores).log_().neg_().log_()                     # (N, V)
+        # U = 0 would give -inf noise: if it hit every kept entry of a row, argmax would pick a filtered token
+        u = torch.rand_like(scores).clamp_(min=torch.finfo(scores.dtype).tiny)
+        return scores - u.log_().neg_().log_()                                                # (N, V)
 
 
 def sampling_processors(temperature: float, top_p: float, top_k: int) -> list:
@@ -108,18 +110,24 @@ def sample(model, tokenizer, prompts: list[str] | list[list[int]], group_size: i
     # sampling fields keep their defaults, because the sampling happens in our processors (module docstring).
     # The length is set once, by max_new_tokens (min_length stays the no-op default 0): setting both
     # min_new_tokens and min_length made transformers warn on every call.
+    # Fields whose global default is None (suppress_tokens, sequence_bias, min_new_tokens, ...) would still come
+    # from the model's own config, so generate also sees ours as the model's, for this call only.
     fields = {k: v for k, v in GenerationConfig._get_default_generation_params().items() if k != "max_length"}
     fields.update(do_sample=False, max_new_tokens=cap_new_tokens(model, prompt_ids.shape[1], max_new_tokens),
                   use_cache=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids)
+    gen_config = GenerationConfig(**fields)
     processors = [] if greedy else sampling_processors(temperature, top_p, top_k)
-    was_training = model.training
+    was_training, model_config = model.training, model.generation_config
     model.eval()  # dropout off; gradient checkpointing is a training-mode feature, so the KV cache stays on
-    # synced_gpus=False: with FSDP the trainer gathers the full weights first (distributed.gathered), so no
-    # process needs to keep stepping for the others
-    out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, synced_gpus=False,
-                         generation_config=GenerationConfig(**fields),
-                         logits_processor=LogitsProcessorList(processors))                          # (N, P + R')
-    model.train(was_training)
+    model.generation_config = gen_config
+    try:
+        # synced_gpus=False: with FSDP the trainer gathers the full weights first (distributed.gathered), so no
+        # process needs to keep stepping for the others
+        out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, synced_gpus=False,
+                             generation_config=gen_config, logits_processor=LogitsProcessorList(processors))
+    finally:
+        model.generation_config = model_config
+        model.train(was_training)                                                                  # out: (N, P + R')
     P = prompt_ids.shape[1]
     response_ids = out[:, P:]
     mask, truncated = response_mask_from_ids(response_ids, eos_ids)

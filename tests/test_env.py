@@ -94,6 +94,9 @@ def test_malformed_tool_calls_are_final_answers(tiny_tokenizer):
     as_string = '<tool_call>{"name": "check_solution", "arguments": "{\\"code\\": \\"x\\"}"}</tool_call>'
     assert parse_tool_calls(tiny_tokenizer, as_string) == [{"name": "check_solution", "arguments": {"code": "x"}}]
     assert parse_tool_calls(tiny_tokenizer, '<tool_call>{"name": "f", "arguments": "{oops"}</tool_call>') == []
+    deep = "[" * 5000  # json.loads raises RecursionError, not JSONDecodeError, on this
+    assert parse_tool_calls(tiny_tokenizer, f"<tool_call>{deep}</tool_call>") == []
+    assert parse_tool_calls(tiny_tokenizer, f'<tool_call>{{"name": "f", "arguments": "{deep}"}}</tool_call>') == []
 
 
 def test_tool_calls_from_a_response_schema_with_string_arguments(tiny_tokenizer):

@@ -353,6 +353,45 @@ def test_uid_mode_without_namespaces_still_judges_and_leaves_no_process():
     assert verdicts == ["AC", "TLE", "AC"] and alive == []
 
 
+@root_only
+def test_uid_mode_a_program_cannot_read_the_expected_output_of_a_test_running_beside_it():
+    """Work stealing runs tests of one program at once. Outside namespaces the run folder is visible (by
+    name): test 0 polls for test 1's expected output, which the special checker's file holds meanwhile."""
+    spy = textwrap.dedent("""
+        import sys, time
+        if input() == "0":
+            t, got = time.time(), None
+            while time.time() - t < 1.5 and got is None:
+                try:
+                    got = open("../c1.exp").read()
+                except OSError:
+                    pass
+            print(got)
+        else:
+            print("SECRET")
+        """)
+    checker = dict(language="python", source="import sys, time\ntime.sleep(0.3)\n"
+                   "sys.exit(open(sys.argv[2]).read().split() != open(sys.argv[3]).read().split())\n")
+    tests = [{"input": "0\n", "output": "SECRET"}, {"input": "1\n", "output": "SECRET"}]
+    with Judge(workers=2, cgroups=False) as j:
+        j.isolation = "uid"
+        r = j.run_many([dict(source=spy, language="python", tests=tests, checker=checker, time_limit_s=3)])[0]
+    assert r.tests[1]["verdict"] == "AC" and r.verdict == "WA"  # test 0 printed "None": it read nothing
+
+
+def test_close_waits_for_a_run_many_in_flight_before_giving_its_uids_back():
+    import threading
+    import time
+    j = Judge(workers=1)
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", j.run("import time\ntime.sleep(1)\nprint(3)", "python",
+                                                                  AB, time_limit_s=3)))
+    t.start()
+    time.sleep(0.3)
+    j.close()             # must not hand the uid on while the program still runs as it
+    assert not t.is_alive() and out["r"].verdict == "AC"
+
+
 def test_cgroups_can_be_switched_off_for_hosts_where_they_are_not_writable(monkeypatch):
     monkeypatch.setenv("MINIRL_JUDGE_CGROUPS", "0")
     with Judge(workers=1) as j:

@@ -42,7 +42,17 @@ def test_model_generation_config_cannot_change_sampling(random_model, tiny_token
     random_model.generation_config.repetition_penalty = 50.0
     random_model.generation_config.max_new_tokens = 1
     random_model.generation_config.no_repeat_ngram_size = 1
+    # fields whose global default is None: generate would fill them from the model's config
+    random_model.generation_config.min_new_tokens = 6
+    random_model.generation_config.suppress_tokens = list(range(3, 200))
+    random_model.generation_config.sequence_bias = {(5,): 50.0}
     assert sample(random_model, tiny_tokenizer, PROMPTS, 1, 6, greedy=True).texts == base
+    torch.manual_seed(0)
+    sampled = sample(random_model, tiny_tokenizer, PROMPTS, 2, 6).texts
+    random_model.generation_config = type(random_model.generation_config)()
+    torch.manual_seed(0)
+    assert sample(random_model, tiny_tokenizer, PROMPTS, 2, 6).texts == sampled
+    assert random_model.generation_config.suppress_tokens is None  # the model's own config is put back
 
 
 def test_generation_uses_kv_cache_with_gradient_checkpointing_on(random_model, tiny_tokenizer):
@@ -119,6 +129,13 @@ def test_gumbel_sampling_draws_from_the_tempered_truncated_softmax():
     assert counts[3] == 0 and counts[4] == 0                            # cut by top-k
     assert torch.allclose(counts, expected, atol=0.01), (counts, expected)   # 40k draws: std < 0.0025
     assert not torch.allclose(counts, torch.softmax(torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 3.0]), -1), atol=0.01)
+
+
+def test_gumbel_noise_never_picks_a_filtered_token_even_when_the_uniform_is_zero(monkeypatch):
+    from minirl.rollout import GumbelNoise
+    monkeypatch.setattr(torch, "rand_like", lambda x: torch.zeros_like(x))
+    scores = torch.tensor([[-float("inf"), -float("inf"), 5.0, -float("inf")]])
+    assert GumbelNoise()(None, scores).argmax(-1).item() == 2
 
 
 def test_chunked_logprobs_gradients_are_the_same_with_and_without_recomputing(monkeypatch):
