@@ -21,6 +21,7 @@ embeddings, final norm, LM head). The same code runs on GPUs (NCCL) and in the C
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 
 import torch
@@ -126,7 +127,9 @@ def shard(model, compute_dtype: torch.dtype = torch.float32) -> None:
     for layer in root.get_decoder().layers:
         fully_shard(layer, mp_policy=mp)
     fully_shard(root, mp_policy=mp)
-    root.minirl_token_logprobs = types.MethodType(_token_logprobs_unsharded, root)
+    # one pass per layer and step: FSDP's hooks would gather a layer twice if the shared prompt ran separately
+    root.minirl_token_logprobs = types.MethodType(functools.partial(_token_logprobs_unsharded, share_prompts=False),
+                                                  root)
     register_fsdp_forward_method(root, "minirl_token_logprobs")
 
 

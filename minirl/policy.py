@@ -1,8 +1,9 @@
 """Load the policy (model + tokenizer) and compute per-token log-probabilities of responses.
 
-`token_logprobs` is the trainer's teacher-forced forward pass. It never builds the (N, T, V) fp32
-log-softmax that `log_softmax(logits).gather(...)` would: it runs the transformer body once, then applies the
-LM head to chunks of response positions, keeping only logsumexp and the gathered logit of each token. Under
+`token_logprobs` is the trainer's teacher-forced forward pass. A prompt shared by adjacent rows (a GRPO group)
+runs through the transformer once, and its KV cache serves all of its rows (`states_before_responses`). It
+never builds the (N, T, V) fp32 log-softmax that `log_softmax(logits).gather(...)` would: it runs the
+transformer body, then applies the LM head to chunks of response positions, keeping only logsumexp and the gathered logit of each token. Under
 autograd each chunk is checkpointed when the batch's logits exceed one chunk's budget (LOGITS_PER_CHUNK), so
 its (chunk, V) logits are recomputed in backward instead of being stored (peak memory ~ one chunk of logits
 instead of the whole batch's; scripts/bench_logprobs.py measures).
@@ -214,13 +215,57 @@ def batched_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
 
 
 def _token_logprobs_unsharded(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int,
-                              temperature: float = 1.0, chunk_tokens: int | None = None, with_entropy: bool = False):
+                              temperature: float = 1.0, chunk_tokens: int | None = None, with_entropy: bool = False,
+                              share_prompts: bool = True):
     R = num_response_tokens
-    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
-    return chunked_logprobs(
-        decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
-                use_cache=False).last_hidden_state[:, -R - 1:-1],          # (N, R, H): states before each token
-        input_ids[:, -R:], lm_head, temperature, chunk_tokens, with_entropy)
+    hidden = states_before_responses(model, input_ids, attention_mask, R, share_prompts)          # (N, R, H)
+    return chunked_logprobs(hidden, input_ids[:, -R:], model.get_output_embeddings(), temperature, chunk_tokens,
+                            with_entropy)
+
+
+def states_before_responses(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, R: int,
+                            share_prompts: bool = True) -> torch.Tensor:
+    """The last layer's hidden state before each response token: (N, P+R) -> (N, R, H).
+
+    Rows in a row with the same prompt (a GRPO group: G samples of one prompt) share it: the prompt runs through
+    the model once, and its KV cache is copied to each of its rows before the responses run on it. A prompt
+    token attends only to the prompt, so these are the states one pass over every row computes (up to float
+    rounding), for 1/G of the prompt's compute, and gradients flow back through the copies. Not with gradient
+    checkpointing (transformers drops the cache there) or under FSDP (each layer would run twice per step)."""
+    decoder = model.get_decoder()
+    positions = position_ids_from_mask(attention_mask)
+    P = input_ids.shape[1] - R
+    prompt, prompt_mask = input_ids[:, :P], attention_mask[:, :P]
+    first = torch.ones(len(prompt), dtype=torch.bool, device=prompt.device)     # (N,) a new prompt starts here
+    first[1:] = (prompt[1:] != prompt[:-1]).any(1) | (prompt_mask[1:] != prompt_mask[:-1]).any(1)
+    checkpointing = getattr(decoder, "gradient_checkpointing", False) or (  # transformers 5 renamed the flag
+        getattr(model, "is_activation_checkpointing", None) if hasattr(model, "is_activation_checkpointing")
+        else getattr(model, "is_gradient_checkpointing", False))
+    if not share_prompts or P == 0 or bool(first.all()) or checkpointing:
+        return decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                       use_cache=False).last_hidden_state[:, -R - 1:-1]
+    owner = first.long().cumsum(0) - 1                     # (N,) each row's prompt among the distinct ones
+    unique = first.nonzero().squeeze(1)                    # (U,) the row each distinct prompt is taken from
+    out = decoder(input_ids=prompt[unique], attention_mask=prompt_mask[unique], position_ids=positions[unique, :P],
+                  use_cache=True)
+    cache = out.past_key_values
+    if not _plain_attention_cache(cache):  # e.g. linear-attention layers update their state in place: no sharing
+        return states_before_responses(model, input_ids, attention_mask, R, share_prompts=False)
+    cache.reorder_cache(owner)                             # (U, ...) -> (N, ...): each row gets its prompt's K, V
+    responses = decoder(input_ids=input_ids[:, P:], attention_mask=attention_mask, position_ids=positions[:, P:],
+                        past_key_values=cache, use_cache=True).last_hidden_state                     # (N, R, H)
+    # before response token 0: the prompt's last state (left padding: always a real token); then the responses'
+    return torch.cat([out.last_hidden_state[owner, -1:], responses[:, :-1]], dim=1)
+
+
+def _plain_attention_cache(cache) -> bool:
+    """Only keys and values that each layer appends to: copying them to rows, then appending the responses',
+    is exact. Recurrent or convolution states (hybrid linear-attention models) are written in place, which
+    autograd cannot take; a custom model may return no cache at all."""
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and hasattr(cache, "reorder_cache") and \
+        all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
 
 
 def chunked_logprobs(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module,

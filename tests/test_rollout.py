@@ -1,6 +1,7 @@
+import pytest
 import torch
 
-from minirl.policy import token_logprobs
+from minirl.policy import chunked_logprobs, token_logprobs
 from minirl.rollout import response_mask_from_ids, sample
 
 PROMPTS = ["<|im_start|>user\nWhat is 3+4?<|im_end|>\n<|im_start|>assistant\n",
@@ -157,3 +158,70 @@ def test_chunked_logprobs_gradients_are_the_same_with_and_without_recomputing(mo
         assert torch.allclose(a, b, atol=1e-6)
     naive = torch.log_softmax(head(h0) / 0.7, -1).gather(-1, y[..., None]).squeeze(-1)
     assert torch.allclose(results[0][0], naive, atol=1e-5)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_a_prompt_shared_by_its_group_runs_once_with_the_same_logprobs_and_gradients(random_model, tiny_tokenizer,
+                                                                                     lora):
+    """Rows of a group share their prompt's KV cache instead of each running it: the same log-probs, entropies
+    and gradients as one pass over every row, with prompts of different lengths (left padding)."""
+    import copy
+
+    from minirl.policy import add_lora, states_before_responses
+    model = add_lora(copy.deepcopy(random_model), rank=4, alpha=8) if lora else copy.deepcopy(random_model)
+    model.train()
+    torch.manual_seed(0)
+    r = sample(model, tiny_tokenizer, PROMPTS, group_size=3, max_new_tokens=5)
+    ids, attn, R = r.input_ids, r.attention_mask, r.response_ids.shape[1]
+    calls = []
+    decoder = model.get_decoder()
+    hook = decoder.register_forward_pre_hook(lambda mod, args, kw: calls.append(kw["input_ids"].shape), with_kwargs=True)
+    results = []
+    for share in (True, False):
+        calls.clear()
+        model.zero_grad(set_to_none=True)
+        hidden = states_before_responses(model, ids, attn, R, share_prompts=share)
+        logp, ent = chunked_logprobs(hidden, ids[:, -R:], model.get_output_embeddings(), with_entropy=True)
+        (logp * r.response_mask).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((hidden.detach(), logp.detach(), ent, grads, list(calls)))
+    calls.clear()
+    with torch.no_grad():
+        token_logprobs(model, ids, attn, R)  # shares by default
+    hook.remove()
+    shared, plain = results
+    assert [tuple(c) for c in shared[4]] == [(len(PROMPTS), ids.shape[1] - R), (len(ids), R)]  # prompts once
+    assert [tuple(c) for c in calls] == [(len(PROMPTS), ids.shape[1] - R), (len(ids), R)]
+    assert [tuple(c) for c in plain[4]] == [tuple(ids.shape)]
+    m = r.response_mask.bool()
+    assert torch.allclose(shared[0], plain[0], atol=1e-5)
+    assert torch.allclose(shared[1][m], plain[1][m], atol=1e-5) and torch.allclose(shared[2][m], plain[2][m], atol=1e-4)
+    assert shared[3].keys() == plain[3].keys() and len(shared[3]) > 0
+    for n in plain[3]:
+        assert torch.allclose(shared[3][n], plain[3][n], atol=1e-5), n
+
+
+def test_hybrid_linear_attention_models_fall_back_to_one_pass_per_row():
+    """Qwen3-Next's linear-attention layers write their cache state in place: sharing the prompt would break
+    backward, so their rows run the plain way (the same gradients, no error)."""
+    import transformers as T
+
+    from minirl.policy import states_before_responses
+    config = T.Qwen3NextConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, head_dim=8,
+                               linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=8,
+                               linear_value_head_dim=8, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                               shared_expert_intermediate_size=16, layer_types=["linear_attention", "full_attention"])
+    torch.manual_seed(0)
+    model = T.Qwen3NextForCausalLM(config).train()
+    ids = torch.randint(5, 97, (6, 12))
+    ids[1:3, :8], ids[4:, :8] = ids[0, :8], ids[3, :8]                    # two groups of 3 sharing 8 prompt tokens
+    attn = torch.ones_like(ids)
+    grads = []
+    for share in (True, False):
+        model.zero_grad(set_to_none=True)
+        states_before_responses(model, ids, attn, 4, share_prompts=share).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for n in grads[1]:
+        assert torch.allclose(grads[0][n], grads[1][n], atol=1e-6), n
