@@ -1,6 +1,8 @@
-"""What the recipes on the sessions API share: the repository on sys.path, prompts as tokens, held-out accuracy."""
+"""What the recipes on the sessions API share: the repository on sys.path, prompts as tokens, held-out accuracy,
+their data options and their ending."""
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -33,3 +35,27 @@ def accuracy(sc: SamplingClient, tokenizer, rows: list[dict], max_tokens: int, r
                                answer_of(r)) for f, r in zip(futures, mine))
     total = all_reduce_sum(torch.tensor([float(correct), float(len(mine))], device=sc.model.device))
     return float(total[0] / total[1].clamp(min=1))
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options every recipe has: the model and the toy arithmetic data (train and held-out)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--train_files", default=str(ROOT / "data" / "arith_train.jsonl"))
+    p.add_argument("--val_files", default=str(ROOT / "data" / "arith_test.jsonl"))
+    p.add_argument("--val_max_samples", type=int, default=100)
+    return p
+
+
+def finish(tc, tokenizer, val_rows: list[dict], max_tokens: int, before: float | None, rank: int, world: int,
+           output_dir: str = "") -> float | None:
+    """Held-out accuracy of the trained policy (printed beside `before`), the merged export if asked, and the
+    session stopped. Returns the accuracy after training."""
+    sc = tc.save_weights_and_get_sampling_client()
+    after = accuracy(sc, tokenizer, val_rows, max_tokens, rank, world) if val_rows else None
+    if rank == 0:
+        print(f"held-out accuracy: before {before}, after {after}")
+    if output_dir:
+        tc.save_weights_for_sampler(output_dir, merge_weights=True).result()
+    tc.stop()
+    return after

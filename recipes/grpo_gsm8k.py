@@ -16,21 +16,17 @@ from __future__ import annotations
 
 import argparse
 
-import common  # noqa: F401  (puts the repository on sys.path)
+import common  # puts the repository on sys.path; the options and ending every recipe shares
 import torch
 
-from common import ROOT, accuracy, answer_of, prompt_tokens
+from common import accuracy, answer_of, prompt_tokens
 from minirl.data import load_rows, prompt_indices
 from minirl.rewards import gsm8k_reward
 from minirl.session import AdamParams, Datum, SamplingParams, ServiceClient
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny")
-    p.add_argument("--train_files", default=str(ROOT / "data" / "arith_train.jsonl"))
-    p.add_argument("--val_files", default=str(ROOT / "data" / "arith_test.jsonl"))
-    p.add_argument("--val_max_samples", type=int, default=100)
+    p = common.parser(__doc__)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--prompts_per_step", type=int, default=16)     # B, per process
     p.add_argument("--group_size", type=int, default=8)            # G
@@ -82,12 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"step {step + 1}: reward {history[-1]['reward']:.3f} loss {out.loss:.4f} "
                   f"grad_norm {opt['grad_norm']:.4f}")
         sc = tc.save_weights_and_get_sampling_client()  # the next rollouts use the updated policy
-    after = accuracy(sc, tok, val_rows, args.max_tokens, rank, world) if val_rows else None
-    if rank == 0:
-        print(f"held-out accuracy: before {before}, after {after}")
-    if args.output_dir:
-        tc.save_weights_for_sampler(args.output_dir, merge_weights=True).result()
-    tc.stop()
+    after = common.finish(tc, tok, val_rows, args.max_tokens, before, rank, world, args.output_dir)
     return {"before": before, "after": after, "history": history}
 
 

@@ -23,10 +23,10 @@ from __future__ import annotations
 import argparse
 import random
 
-import common  # noqa: F401  (puts the repository on sys.path)
+import common  # puts the repository on sys.path; the options and ending every recipe shares
 import torch
 
-from common import ROOT, accuracy, answer_of, prompt_tokens
+from common import accuracy, answer_of, prompt_tokens
 from minirl.data import load_rows
 from minirl.rewards import gsm8k_reward
 from minirl.session import AdamParams, Datum, SamplingParams, ServiceClient
@@ -46,11 +46,7 @@ def kto_loss(logp: torch.Tensor, ref_logp: torch.Tensor, kl_logp: torch.Tensor, 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny")
-    p.add_argument("--train_files", default=str(ROOT / "data" / "arith_train.jsonl"))
-    p.add_argument("--val_files", default=str(ROOT / "data" / "arith_test.jsonl"))
-    p.add_argument("--val_max_samples", type=int, default=100)
+    p = common.parser(__doc__)
     p.add_argument("--prompts", type=int, default=64)              # prompts to collect feedback on
     p.add_argument("--samples_per_prompt", type=int, default=4)
     p.add_argument("--steps", type=int, default=30)
@@ -121,11 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
         if rank == 0:
             print(f"step {step + 1}: loss {out.loss:.4f} r+ {out.metrics['rewards/desirable']:.3f} "
                   f"r- {out.metrics['rewards/undesirable']:.3f} kl {out.metrics['kl']:.3f}")
-    sc = tc.save_weights_and_get_sampling_client()
-    after = accuracy(sc, tok, val_rows, args.max_tokens, rank, world) if val_rows else None
-    if rank == 0:
-        print(f"held-out accuracy: before {before}, after {after}")
-    tc.stop()
+    after = common.finish(tc, tok, val_rows, args.max_tokens, before, rank, world)
     return {"before": before, "after": after, "history": history,
             "desirable_fraction": n_d / len(examples), "lambda_d": lambda_d}
 
