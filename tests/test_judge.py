@@ -61,6 +61,31 @@ def test_compile_error_message_is_kept_and_truncated(judge):
     assert res.verdict == "CE" and "undefined_thing" in res.message and len(res.message) <= 2000
 
 
+@pytest.mark.parametrize("source", [
+    # declares y1, which <cmath> in the forced <bits/stdc++.h> also declares: only the plain compile works
+    '#include <cstdio>\nint y1 = 1;\nint main(){int a,b; if (scanf("%d %d",&a,&b)!=2) return 1; printf("%d\\n",a+b-y1+1);}\n',
+    # uses what the precompiled header leaves out (compile.PCH_LEFT_OUT), through <bits/stdc++.h>
+    '#include <bits/stdc++.h>\nint main(){ auto f = std::async(std::launch::deferred, []{ long long a,b; std::cin>>a>>b;'
+    ' return a+b; }); std::cout << f.get() + std::filesystem::path("x").string().size() - 1 << "\\n"; }\n',
+])
+def test_forced_include_never_costs_a_compile_error(judge, source):
+    res = judge.run(source, "cpp", AB)
+    assert (res.verdict, res.passed) == ("AC", 2), res.message
+
+
+def test_the_precompiled_header_is_used(judge):
+    """The PCH is GCC's <bits/stdc++.h> less what it leaves out, and g++ loads it for the forced include."""
+    from minirl.compile import pch_dir
+    pch = pch_dir(judge.cxx_flags)
+    assert pch is not None and (pch / "bits" / "stdc++.h.gch").exists()
+    header = (pch / "bits" / "stdc++.h").read_text()
+    assert "#include <vector>" in header and "#include <future>" not in header
+    forced = subprocess.run(["g++", *judge.cxx_flags, "-I", str(pch), "-include", "bits/stdc++.h", "-x", "c++", "-",
+                             "-o", os.devnull, "-H"], input=AB_CPP, capture_output=True, text=True)
+    assert forced.returncode == 0, forced.stderr
+    assert forced.stderr.splitlines()[0] == f"! {pch}/bits/stdc++.h.gch"  # -H: "!" marks a loaded PCH
+
+
 def test_float_tolerance_and_token_comparison():
     assert outputs_match("1 2\n3  ", "1 2 3")
     assert not outputs_match("1 2", "1 2 3")
