@@ -17,11 +17,13 @@ accounting (README, isolation).
 """
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 from pathlib import Path
 
 V1_CONTROLLERS = ("memory", "pids", "cpuacct")
+_judges = itertools.count()
 
 
 def _write(path: Path, value: str) -> None:
@@ -147,7 +149,7 @@ class Cgroups:
         if os.environ.get("MINIRL_JUDGE_CGROUPS", "1") == "0" or os.geteuid() != 0:
             return None
         top = Path("/sys/fs/cgroup")
-        tag = f"minirl-judge-{os.getpid()}"
+        tag = f"minirl-judge-{next(_judges)}-{os.getpid()}"  # one per Judge: closing one leaves the others
         try:
             if (top / "cgroup.controllers").exists():                           # v2
                 base = top / "minirl-judge"

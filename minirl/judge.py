@@ -45,7 +45,8 @@ from pathlib import Path
 
 from minirl.cgroup import Cgroups
 from minirl.compile import MESSAGE_LIMIT, compile_cpp, pch_dir, tail
-from minirl.sandbox import OUTPUT_LIMIT_BYTES, cache_dir, isolation_mode, lease_uids, remove_tree, run_sandboxed
+from minirl.sandbox import (OUTPUT_LIMIT_BYTES, ProgramSandbox, cache_dir, isolation_mode, lease_uids, remove_tree,
+                            run_sandboxed)
 
 log = logging.getLogger(__name__)
 VERDICTS = ("AC", "WA", "TLE", "MLE", "RE", "CE", "OLE")
@@ -143,7 +144,10 @@ def judge_job(source: str, language: str, tests: list[dict], time_limit_s: float
         mode = isolation_mode(uid) if mode is None else mode
         job = _prepare(source, language, tests, time_limit_s, memory_limit_mb, float_tolerance, checker,
                        cxx_flags, mode=mode, uid=uid, cgroups=cgroups)
-        return job if isinstance(job, JudgeResult) else job.own(uid)
+        if isinstance(job, JudgeResult):
+            return job
+        with _Worker(uid, cgroups) as worker:
+            return job.own(worker)
     except Exception as e:  # noqa: BLE001 -- one job must never stop a training run
         return _judge_error(e, len(tests))
     finally:
@@ -189,13 +193,13 @@ class _Job:
             self._in_flight += 1
             return self._next - 1
 
-    def run(self, i: int, uid: int) -> None:
-        """Run taken test `i` as `uid` (the calling worker's) and record its outcome. Never raises an Exception:
-        a judge error is recorded for `_finish` to report, and the test is never left counted as in flight, so
-        the owner cannot wait forever on a thread that died."""
+    def run(self, i: int, worker: _Worker) -> None:
+        """Run taken test `i` as the calling worker and record its outcome. Never raises an Exception: a judge
+        error is recorded for `_finish` to report, and the test is never left counted as in flight, so the
+        owner cannot wait forever on a thread that died."""
         outcome: tuple[dict, str] | Exception = RuntimeError(f"test {i} was interrupted")
         try:
-            outcome = _run_test(self, i, uid)
+            outcome = _run_test(self, i, worker)
         except Exception as e:  # noqa: BLE001 -- becomes this job's verdict in _finish
             outcome = e
         finally:
@@ -206,11 +210,11 @@ class _Job:
                 self._in_flight -= 1
                 self._cond.notify_all()
 
-    def own(self, uid: int) -> JudgeResult:
+    def own(self, worker: _Worker) -> JudgeResult:
         """The owner's part: run tests until none is left to take, then the result (after the tests other
         workers took have ended)."""
         while (i := self.take()) is not None:
-            self.run(i, uid)
+            self.run(i, worker)
         return _finish(self)
 
     def wait_idle(self) -> None:
@@ -254,13 +258,50 @@ def _prepare(source: str, language: str, tests: list[dict], time_limit_s: float 
         raise
 
 
-def _run_test(job: _Job, i: int, uid: int) -> tuple[dict, str]:
+class _Worker:
+    """A worker's uid, and the sandbox it keeps open for the program whose tests it is running ("namespaces"
+    mode): one at a time, closed before it moves to another program, so the uid's processes and its tests'
+    cgroup ("u<uid>-tests") belong to one sandbox."""
+
+    def __init__(self, uid: int, cgroups: Cgroups | None):
+        self.uid, self.cgroups = uid, cgroups
+        self._box: ProgramSandbox | None = None
+        self._box_job: _Job | None = None
+
+    def sandbox_for(self, job: _Job) -> ProgramSandbox | None:
+        if job.mode != "namespaces":
+            return None
+        if self._box_job is not job or not self._box.alive:
+            self.close()
+            cgroup = self.cgroups.run(f"u{self.uid}-tests") if self.cgroups else None
+            self._box = ProgramSandbox(job.argv, job.root, uid=self.uid, time_limit_s=job.time_limit_s,
+                                       memory_mb=job.memory_mb, files=job.files, cgroup=cgroup)
+            self._box_job = job
+        return self._box
+
+    def close(self) -> None:
+        if self._box is not None:
+            self._box.close()
+        self._box = self._box_job = None
+
+    def __enter__(self) -> _Worker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _run_test(job: _Job, i: int, worker: _Worker) -> tuple[dict, str]:
     """Test `i`'s result and its stderr (for a non-AC verdict). Its files are its own (t{i}.*, c{i}.*, the work
     folder t{i} outside namespaces), so tests of one job may run at once, each as its worker's uid."""
-    root, test = job.root, job.tests[i]
+    root, test, uid = job.root, job.tests[i], worker.uid
     _write_private(root / f"t{i}.in", test["input"], uid, job.mode)
-    r = run_sandboxed(job.argv, root, f"t{i}", uid=uid, time_limit_s=job.time_limit_s, memory_mb=job.memory_mb,
-                      mode=job.mode, stdin_path=root / f"t{i}.in", files=job.files, cgroups=job.cgroups)
+    if box := worker.sandbox_for(job):
+        r = box.run(f"t{i}", root / f"t{i}.in")
+    else:
+        r = run_sandboxed(job.argv, root, f"t{i}", uid=uid, time_limit_s=job.time_limit_s,
+                          memory_mb=job.memory_mb, mode=job.mode, stdin_path=root / f"t{i}.in", files=job.files,
+                          cgroups=job.cgroups)
     v = _classify(r, job.time_limit_s, job.memory_mb, OUTPUT_LIMIT_BYTES)
     if v is None:
         ok = _check(job.checker, test, r["out"], root, i, uid, job.mode, job.cgroups) if job.checker else \
@@ -443,28 +484,30 @@ class Judge:
         run of the same uid."""
         uid = self._uids.get()  # as many uids as workers: waits only while another run_many's workers hold them
         try:
-            while (work := batch.next_work()) is not None:
-                if isinstance(work, int):
-                    batch.results[work] = self._own(batch, work, uid)
-                elif (i := work.take()) is not None:
-                    work.run(i, uid)
+            with _Worker(uid, self.cgroups) as worker:
+                while (work := batch.next_work()) is not None:
+                    if isinstance(work, int):
+                        worker.close()
+                        batch.results[work] = self._own(batch, work, worker)
+                    elif (i := work.take()) is not None:
+                        work.run(i, worker)
         finally:
             self._uids.put(uid)
 
-    def _own(self, batch: _Batch, k: int, uid: int) -> JudgeResult:
+    def _own(self, batch: _Batch, k: int, worker: _Worker) -> JudgeResult:
         """Prepare job `k`, share its tests with idle workers, run them and return its result."""
         spec = batch.jobs[k]
         job = None
         try:
             try:
-                prepared = _prepare(**{"cxx_flags": self.cxx_flags, **spec, "mode": self.isolation, "uid": uid,
-                                       "cgroups": self.cgroups})
+                prepared = _prepare(**{"cxx_flags": self.cxx_flags, **spec, "mode": self.isolation,
+                                       "uid": worker.uid, "cgroups": self.cgroups})
                 if isinstance(prepared, JudgeResult):
                     return prepared
                 job = prepared
             finally:
                 batch.prepared(job)  # exactly once: idle workers wait on it
-            return job.own(uid)
+            return job.own(worker)
         except Exception as e:  # noqa: BLE001 -- one job must never stop a training run
             return _judge_error(e, len(spec["tests"]))
 

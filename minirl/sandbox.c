@@ -2,20 +2,25 @@
  * judge.py compiles it once per machine (sandbox.py: `_sandbox_helper`).
  *
  *   sandbox -u UID -t CPU_S -m AS_BYTES -f FSIZE_BYTES -p NPROC [-r REPORT] [-g CGROUP_PROCS]...
- *           [-i NEWROOT -s TMPFS_MB [-w HOST_DIR] [-b HOST_PATH:PATH]...] -- PROGRAM [ARGS...]
+ *           [-i NEWROOT -s TMPFS_MB [-w HOST_DIR] [-b HOST_PATH:PATH]... [-c FD]] -- PROGRAM [ARGS...]
  *
  * -g: join these cgroups first (a cgroup.procs file per controller; sandbox.py creates them).
- * -i: isolate. New mount, PID, network, IPC and UTS namespaces, and a new root: a tmpfs of TMPFS_MB (the only
- *     writable place, so files count against a bound) mounted on the empty folder NEWROOT, holding read-only
- *     binds of /usr and /lib* (and /bin, /sbin), a minimal /etc, /dev/{null,zero,full,random,urandom}, a /proc
- *     of the new PID namespace, /tmp, and /work: empty and owned by UID, or HOST_DIR bound read-write (-w, the
- *     compiler's output). -b binds HOST_PATH read-only at PATH (relative paths are under /work). The old root
- *     is detached: nothing else of the host is reachable.
+ * -i: isolate. New mount, PID, network, IPC and UTS namespaces, and a new root on the empty folder NEWROOT: read-only
+ *     binds of /usr and /lib* (and /bin, /sbin), a minimal /etc, /dev/{null,zero,full,random,urandom}, a /proc of
+ *     the new PID namespace, and the only writable places, /work and /tmp, on one tmpfs of TMPFS_MB (`scratch`).
+ *     /work is empty and owned by UID, or HOST_DIR bound read-write (-w, the compiler's output). -b binds
+ *     HOST_PATH read-only at PATH (a relative PATH is in /work). The old root is detached: nothing else of the
+ *     host is reachable.
+ * -c: serve (with -i): build the sandbox once, then run PROGRAM once per request on the unix socket FD. A request
+ *     carries three file descriptors, the run's stdin, stdout and stderr; each run gets fresh /work and /tmp (a
+ *     mount namespace of its own) and is killed and reaped with everything it started before the reply, a
+ *     line "STATUS MAX_RSS_KB USER_S SYS_S". The socket closing ends the sandbox. One program's tests this way
+ *     cost a fork and an exec each instead of a whole sandbox (~1 ms instead of ~3.5 ms here).
  * Always: rlimits, drop to UID (no groups, no new privileges), a seccomp filter (see `deny`), then exec.
  *
  * The program runs under a minimal init (PID 1 in the new namespace; a child subreaper without -i). When the
  * program exits, init kills every process left (PID 1's kill(-1), or kill(-1) as UID) and reaps them all, so
- * REPORT's "max_rss_kb user_s sys_s" covers every descendant, forked children that were never waited for
+ * REPORT's "MAX_RSS_KB USER_S SYS_S" covers every descendant, forked children that were never waited for
  * included. Exit status: the program's, or 128+signal; 111 if the sandbox itself could not be set up.
  */
 #define _GNU_SOURCE
@@ -34,6 +39,8 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -113,7 +120,7 @@ static void at(char *buf, const char *path) {          /* path inside the new ro
     snprintf(buf, 4096, "%s%s%s", root, path[0] == '/' ? "" : "/work/", path);
 }
 
-static void bind(const char *src, const char *dst, int readonly) {
+static void bind_path(const char *src, const char *dst, int readonly) {
     char target[4096];
     struct stat st;
     at(target, dst);
@@ -128,51 +135,101 @@ static void bind(const char *src, const char *dst, int readonly) {
 static void system_dir(const char *path) {             /* /bin -> usr/bin stays a link; a folder is bound */
     char link[4096], target[4096];
     ssize_t n = readlink(path, link, sizeof link - 1);
-    if (n < 0) { bind(path, path, 1); return; }
+    if (n < 0) { bind_path(path, path, 1); return; }
     link[n] = 0;
     at(target, path);
     if (symlink(link, target)) die("symlink");
 }
 
-static void build_root(uid_t uid, const char *tmpfs_mb, const char *workdir, char **binds, int nbinds) {
-    char opts[64], path[4096];
+/* The new root: mount points on a small root-owned tmpfs, nothing writable by the program. -b files with a
+ * relative PATH wait in /.run, -w's folder at /.run/.work, for `scratch` to bind into /work. */
+static void build_root(const char *workdir, char **binds, int nbinds) {
+    char path[4096];
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) die("mount private");
-    snprintf(opts, sizeof opts, "size=%sm,mode=755", tmpfs_mb);
-    if (mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, opts)) die("mount tmpfs");
+    if (mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")) die("mount tmpfs");
     const char *system[] = {"/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"};
     for (int i = 0; i < 7; i++)
         if (access(system[i], F_OK) == 0) system_dir(system[i]);
-    const char *dirs[] = {"/etc", "/dev", "/proc", "/tmp", "/work"};
-    for (int i = 0; i < 5; i++) { at(path, dirs[i]); if (mkdir(path, 0755)) die("mkdir"); }
+    const char *dirs[] = {"/etc", "/dev", "/proc", "/tmp", "/work", "/.run", "/.scratch"};
+    for (int i = 0; i < 7; i++) { at(path, dirs[i]); if (mkdir(path, i == 5 ? 0700 : 0755)) die("mkdir"); }
     const char *etc[] = {"/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"};  /* what exec needs */
-    for (int i = 0; i < 3; i++) bind(etc[i], etc[i], 1);
+    for (int i = 0; i < 3; i++) bind_path(etc[i], etc[i], 1);
     const char *dev[] = {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"};
-    for (int i = 0; i < 5; i++) bind(dev[i], dev[i], 0);
+    for (int i = 0; i < 5; i++) bind_path(dev[i], dev[i], 0);
     at(path, "/dev/fd"); if (symlink("/proc/self/fd", path)) die("symlink");
     at(path, "/proc");
     if (mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL)) die("mount proc");
-    at(path, "/tmp"); if (chmod(path, 01777)) die("chmod");
-    at(path, "/work");
-    if (workdir) bind(workdir, "/work", 0);
-    else if (chown(path, uid, uid) || chmod(path, 0700)) die("chown");
+    if (workdir) bind_path(workdir, "/.run/.work", 0);
     for (int i = 0; i < nbinds; i++) {
-        char *colon = strchr(binds[i], ':');
-        if (!colon) die("-b HOST_PATH:PATH");
+        char *colon = strchr(binds[i], ':'), dst[4096];
+        if (!colon || !colon[1] || (colon[1] != '/' && (strchr(colon + 1, '/') || colon[1] == '.')))
+            die("-b HOST_PATH:PATH (PATH absolute, or a name in /work)");
         *colon = 0;
-        bind(binds[i], colon + 1, 1);
+        snprintf(dst, sizeof dst, "%s%s", colon[1] == '/' ? "" : "/.run/", colon + 1);
+        bind_path(binds[i], dst, 1);
     }
     /* pivot_root(".", ".") stacks the old root over the new one; detaching it leaves only the new root */
-    if (chdir(root) || syscall(SYS_pivot_root, ".", ".") || umount2(".", MNT_DETACH) || chdir("/work"))
+    if (chdir(root) || syscall(SYS_pivot_root, ".", ".") || umount2(".", MNT_DETACH) || chdir("/"))
         die("pivot_root");
+    root[0] = 0;                                       /* at() now names paths of the new root */
+}
+
+/* Fresh writable places (after pivot_root): a tmpfs of TMPFS_MB at /.scratch (root's, 0700: not listable), its
+ * work/ (the uid's) bound at /work, or -w's folder, and its tmp/ at /tmp; the -b files bound into /work. */
+static void scratch(uid_t uid, const char *tmpfs_mb, int host_work, char **binds, int nbinds) {
+    char opts[64], src[4096];
+    snprintf(opts, sizeof opts, "size=%sm,mode=700", tmpfs_mb);
+    if (mount("tmpfs", "/.scratch", "tmpfs", MS_NOSUID | MS_NODEV, opts)) die("mount scratch");
+    if (mkdir("/.scratch/work", 0700) || chown("/.scratch/work", uid, uid) || mkdir("/.scratch/tmp", 0) ||
+        chmod("/.scratch/tmp", 01777))
+        die("scratch");
+    bind_path("/.scratch/tmp", "/tmp", 0);
+    bind_path(host_work ? "/.run/.work" : "/.scratch/work", "/work", 0);
+    for (int i = 0; i < nbinds; i++) {                 /* build_root cut each at its colon */
+        const char *name = binds[i] + strlen(binds[i]) + 1;
+        if (name[0] == '/') continue;
+        snprintf(src, sizeof src, "/.run/%s", name);
+        bind_path(src, name, 1);
+    }
+    if (chdir("/work")) die("chdir");
+}
+
+/* Limits, the uid, seccomp, exec: the last steps of every run, in the process that becomes the program. */
+static void start(char **program, uid_t uid, rlim_t cpu, rlim_t as, rlim_t fsize, rlim_t nproc) {
+    limit(RLIMIT_CPU, cpu);
+    limit(RLIMIT_AS, as);
+    limit(RLIMIT_STACK, as);
+    limit(RLIMIT_FSIZE, fsize);
+    limit(RLIMIT_NOFILE, 64);
+    limit(RLIMIT_NPROC, nproc);
+    if (setgroups(0, NULL) || setgid(uid) || setuid(uid)) die("drop privileges");
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) die("no_new_privs");
+    install_seccomp();
+    execvp(program[0], program);
+    perror("exec");
+    _exit(127);
 }
 
 /* --- init: wait for the program, then kill and reap everything else ---------------------------------------- */
 
-static int run_init(pid_t program, uid_t uid, int isolated, FILE *report) {
-    int st, status = 111;
+struct usage { long max_rss_kb; struct timeval user, sys; };
+
+static void add(struct usage *u, const struct rusage *ru) {   /* a reaped process's own and its reaped children's */
+    if (ru->ru_maxrss > u->max_rss_kb) u->max_rss_kb = ru->ru_maxrss;
+    timeradd(&u->user, &ru->ru_utime, &u->user);
+    timeradd(&u->sys, &ru->ru_stime, &u->sys);
+}
+
+static int reap(pid_t program, uid_t uid, int isolated, struct usage *u) {
+    int st, status;
+    struct rusage ru;
     pid_t pid;
-    while ((pid = wait(&st)) != program)
-        if (pid < 0 && errno != EINTR) return 111;
+    memset(u, 0, sizeof *u);
+    while ((pid = wait4(-1, &st, 0, &ru)) != program) {
+        if (pid > 0) add(u, &ru);
+        else if (errno != EINTR) return 111;
+    }
+    add(u, &ru);
     status = WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
     for (;;) {                                        /* kill, reap one, again: until no child is left */
         if (isolated) kill(-1, SIGKILL);              /* PID 1: every other process of the namespace */
@@ -185,17 +242,51 @@ static int run_init(pid_t program, uid_t uid, int isolated, FILE *report) {
             }
             while (killer > 0 && waitpid(killer, &st, 0) < 0 && errno == EINTR) {}
         }
-        pid = wait(&st);
-        if (pid < 0 && errno == ECHILD) break;
-    }
-    if (report) {
-        struct rusage ru;
-        getrusage(RUSAGE_CHILDREN, &ru);               /* every descendant that was reaped, here or below */
-        fprintf(report, "%ld %ld.%06ld %ld.%06ld\n", ru.ru_maxrss, (long)ru.ru_utime.tv_sec,
-                (long)ru.ru_utime.tv_usec, (long)ru.ru_stime.tv_sec, (long)ru.ru_stime.tv_usec);
-        fclose(report);
+        pid = wait4(-1, &st, 0, &ru);
+        if (pid > 0) add(u, &ru);
+        else if (errno == ECHILD) break;
     }
     return status;
+}
+
+static int format_usage(char *buf, size_t size, int status, const struct usage *u) {
+    return snprintf(buf, size, "%d %ld %ld.%06ld %ld.%06ld\n", status, u->max_rss_kb, (long)u->user.tv_sec,
+                    (long)u->user.tv_usec, (long)u->sys.tv_sec, (long)u->sys.tv_usec);
+}
+
+/* -c: one run per request on `sock` (its three file descriptors become the run's 0, 1, 2), until it closes. */
+static int serve(int sock, char **program, uid_t uid, rlim_t cpu, rlim_t as, rlim_t fsize, rlim_t nproc,
+                 const char *tmpfs_mb, char **binds, int nbinds) {
+    for (;;) {
+        char byte, line[128], control[CMSG_SPACE(3 * sizeof(int))];
+        struct iovec iov = {&byte, 1};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
+                             .msg_controllen = sizeof control};
+        ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+        if (n == 0) return 0;                          /* the judge closed its end: done */
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        if (n < 0 || !c || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(3 * sizeof(int)) ||
+            (msg.msg_flags & MSG_CTRUNC))
+            return 111;
+        int fds[3];
+        memcpy(fds, CMSG_DATA(c), sizeof fds);
+        pid_t child = fork();
+        if (child < 0) return 111;
+        if (child == 0) {
+            for (int k = 0; k < 3; k++)                /* the received ones are >= 3: 0-2 are init's own */
+                if (dup2(fds[k], k) < 0) _exit(111);
+            close(sock);                               /* the program must never reach the socket */
+            for (int k = 0; k < 3; k++) close(fds[k]);
+            if (unshare(CLONE_NEWNS)) die("unshare");  /* this run's /work and /tmp, gone with its last process */
+            scratch(uid, tmpfs_mb, 0, binds, nbinds);
+            start(program, uid, cpu, as, fsize, nproc);
+        }
+        for (int k = 0; k < 3; k++) close(fds[k]);
+        struct usage u;
+        int status = reap(child, uid, 1, &u);
+        n = format_usage(line, sizeof line, status, &u);
+        if (send(sock, line, n, 0) != n) return 111;
+    }
 }
 
 int main(int argc, char **argv) {
@@ -203,8 +294,8 @@ int main(int argc, char **argv) {
     rlim_t cpu = 1, as = 1 << 28, fsize = 1 << 20, nproc = 64;
     const char *tmpfs_mb = "64", *workdir = NULL, *report_path = NULL;
     char *binds[64];
-    int nbinds = 0, opt, isolated = 0;
-    while ((opt = getopt(argc, argv, "u:t:m:f:p:r:g:i:s:w:b:")) != -1) {
+    int nbinds = 0, opt, isolated = 0, sock = -1;
+    while ((opt = getopt(argc, argv, "u:t:m:f:p:r:g:i:s:w:b:c:")) != -1) {
         switch (opt) {
         case 'u': uid = (uid_t)atol(optarg); break;
         case 't': cpu = strtoull(optarg, 0, 10); break;
@@ -221,10 +312,14 @@ int main(int argc, char **argv) {
         case 's': tmpfs_mb = optarg; break;
         case 'w': workdir = optarg; break;
         case 'b': if (nbinds < 64) binds[nbinds++] = optarg; break;
+        case 'c': sock = atoi(optarg); break;
         default: fprintf(stderr, "sandbox: bad option\n"); return 111;
         }
     }
-    if (optind >= argc || uid == 0) { fprintf(stderr, "sandbox: need -u UID (not 0) and a program\n"); return 111; }
+    if (optind >= argc || uid == 0 || (sock >= 0 && (!isolated || workdir))) {
+        fprintf(stderr, "sandbox: need -u UID (not 0) and a program; -c needs -i and no -w\n");
+        return 111;
+    }
     char **program = argv + optind;
     FILE *report = report_path ? fopen(report_path, "w") : NULL;  /* opened before the host disappears */
     limit(RLIMIT_CORE, 0);
@@ -234,27 +329,33 @@ int main(int argc, char **argv) {
     if (init > 0) {                                    /* stays outside: its exit status is the program's */
         int st;
         if (report) fclose(report);
+        if (sock >= 0) close(sock);                    /* init's alone: the judge sees EOF when init is gone */
         while (waitpid(init, &st, 0) < 0)
             if (errno != EINTR) return 111;
         return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
     }
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (!isolated) prctl(PR_SET_CHILD_SUBREAPER, 1);  /* orphans (setsid or not) come back to us */
-    if (isolated) build_root(uid, tmpfs_mb, workdir, binds, nbinds);
+    if (isolated) {
+        build_root(workdir, binds, nbinds);
+        int fd = open("/proc/self/oom_score_adj", O_WRONLY);  /* an OOM kill should take the program, not init */
+        if (fd >= 0 && write(fd, "-1000", 5) != 5) {}         /* (needs CAP_SYS_RESOURCE: best effort) */
+        if (fd >= 0) close(fd);
+        if (sock >= 0) _exit(serve(sock, program, uid, cpu, as, fsize, nproc, tmpfs_mb, binds, nbinds));
+        scratch(uid, tmpfs_mb, workdir != NULL, binds, nbinds);
+    }
     pid_t child = fork();
     if (child < 0) die("fork");
-    if (child > 0) _exit(run_init(child, uid, isolated, report));
+    if (child > 0) {
+        struct usage u;
+        char line[128];
+        int status = reap(child, uid, isolated, &u);
+        if (report) {
+            fputs((format_usage(line, sizeof line, status, &u), strchr(line, ' ') + 1), report);
+            fclose(report);
+        }
+        _exit(status);
+    }
     if (report) fclose(report);
-    limit(RLIMIT_CPU, cpu);
-    limit(RLIMIT_AS, as);
-    limit(RLIMIT_STACK, as);
-    limit(RLIMIT_FSIZE, fsize);
-    limit(RLIMIT_NOFILE, 64);
-    limit(RLIMIT_NPROC, nproc);
-    if (setgroups(0, NULL) || setgid(uid) || setuid(uid)) die("drop privileges");
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) die("no_new_privs");
-    install_seccomp();
-    execvp(program[0], program);
-    perror("exec");
-    _exit(127);
+    start(program, uid, cpu, as, fsize, nproc);
 }

@@ -126,9 +126,9 @@ def sequential(judge, job):
 @pytest.fixture
 def runs_by_uid(monkeypatch):
     """(uid, run name) of every program run by the judge's tests (compiles not included)."""
-    seen, run = [], judge_module.run_sandboxed
-    monkeypatch.setattr(judge_module, "run_sandboxed", lambda argv, rundir, name, **kw:
-                        seen.append((kw["uid"], name)) or run(argv, rundir, name, **kw))
+    seen, run = [], judge_module._run_test
+    monkeypatch.setattr(judge_module, "_run_test", lambda job, i, worker:
+                        seen.append((worker.uid, f"t{i}")) or run(job, i, worker))
     return seen
 
 

@@ -67,9 +67,16 @@ def test_the_program_sees_a_minimal_root(judge):
     top = set(os.listdir('/'))
     seen = [p for p in ({str(ROOT)!r}, {str(SHARED)!r}, {str(cache_dir())!r}, '/root', '/home', '/run', '/var',
                         '/dev/shm', '/etc/passwd', '/etc/shadow') if os.path.exists(p)]
-    extra = top - {{'usr', 'bin', 'lib', 'lib64', 'lib32', 'libx32', 'sbin', 'etc', 'dev', 'proc', 'tmp', 'work'}}
-    print(seen, sorted(extra), os.listdir('.'), file=sys.stderr)
-    print(3 if seen or extra or os.listdir('.') != ['main.py'] else 'minimal')
+    extra = top - {{'usr', 'bin', 'lib', 'lib64', 'lib32', 'libx32', 'sbin', 'etc', 'dev', 'proc', 'tmp', 'work',
+                    '.run', '.scratch'}}
+    hidden = []  # the sandbox's own folders (its files before they are bound into /work; the tmpfs of /work, /tmp)
+    for d in ('/.run', '/.scratch'):
+        try:
+            hidden.append(os.listdir(d))
+        except PermissionError:
+            pass
+    print(seen, sorted(extra), hidden, os.listdir('.'), file=sys.stderr)
+    print(3 if seen or extra or hidden or os.listdir('.') != ['main.py'] else 'minimal')
     """
     res = run(judge, src)
     assert res.verdict == "WA", res.message  # WA: it printed 'minimal'
@@ -181,6 +188,79 @@ def test_no_state_survives_between_runs():
             assert run(j, load).verdict == "WA"
     finally:
         Path("/run/lock", tag).unlink(missing_ok=True)
+
+
+@root_only
+def test_no_state_survives_between_tests_of_one_program(judge):
+    """A worker runs a program's tests one after another in one sandbox: files the program left in /work or
+    /tmp, and processes it left running, are gone before its next test. The first test stores its answer; the
+    next ones get AC only by finding it."""
+    src = """
+    import os, sys, time
+    n = int(input())
+    if n == 0:
+        for d in ('.', '/tmp'):
+            open(os.path.join(d, 'answer'), 'w').write('0')
+        if os.fork() == 0:                         # a process that outlives the test, if it can
+            os.setsid()
+            time.sleep(30)
+            os._exit(0)
+        print(n)
+    else:
+        found = [open(os.path.join(d, 'answer')).read() for d in ('.', '/tmp') if os.path.exists(os.path.join(d, 'answer'))]
+        others = [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid())]
+        print(n if found or others else 'none', found, others, file=sys.stderr)
+        print(n if found or others else 'none')
+    """
+    tests = [{"input": f"{i}\n", "output": str(i)} for i in range(4)]
+    with Judge(workers=1, cgroups=judge.cgroups is not None) as j:
+        res = run(j, src, tests=tests, time_limit_s=5)
+    assert (res.verdict, res.passed) == ("WA", 1), res.message
+
+
+@root_only
+def test_a_program_cannot_reach_the_sandbox_that_runs_it(judge):
+    """The sandbox that runs a program's tests takes them from the judge over a socket, as root: the program has
+    no descriptor of it, cannot read init's, and cannot signal init."""
+    src = """
+    import os, signal, sys
+    a, b = map(int, input().split())
+    fds = [f for f in os.listdir('/proc/self/fd') if int(f) > 2 and os.path.exists(f'/proc/self/fd/{f}')]
+    got = []
+    for f in fds:
+        try:
+            got.append(os.readlink(f'/proc/self/fd/{f}'))
+        except OSError:
+            pass
+    try:
+        got.append(os.listdir('/proc/1/fd'))
+    except OSError:
+        pass
+    try:
+        os.kill(1, signal.SIGTERM)
+        got.append('signalled init')
+    except OSError:
+        pass
+    print(got, file=sys.stderr)
+    print(a + b if got else 'none')
+    """
+    res = run(judge, src, tests=AB * 3)
+    assert res.verdict != "AC" and res.passed == 0, res.message
+
+
+@root_only
+def test_no_sandbox_is_left_running_after_a_batch(judge):
+    from minirl.sandbox import _sandbox_helper_in
+    helper = _sandbox_helper_in(cache_dir())
+    jobs = [dict(source="print(sum(map(int, input().split())))", language="python", tests=AB * 4)] * 3
+    assert [r.verdict for r in judge.run_many(jobs)] == ["AC"] * 3
+
+    def cmdline(pid):
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        except OSError:
+            return ""
+    assert [p for p in os.listdir("/proc") if p.isdigit() and cmdline(p) == helper] == []
 
 
 def test_float_tolerance_needs_both_values_finite():
