@@ -95,8 +95,6 @@ class RunCgroup:
                     _write(self.dirs["memory"] / f, str(memory_bytes))
             _write(self.dirs["pids"] / "pids.max", str(pids))
             self.limits = (memory_bytes, pids)
-        if not self.v2:
-            _write(self.dirs["memory"] / "memory.max_usage_in_bytes", "0")
         self._cpu0, self._oom0 = self._cpu(), self._ooms()
 
     def cpu_s(self) -> float:

@@ -11,7 +11,9 @@ The pool: `workers` threads (default: this process's share of the cores, `cores 
 driving one sandboxed process at a time (compiler or program): the work happens in those processes, so threads
 give the parallelism without a process pool's pitfalls. Each worker runs as a sandbox uid leased for this Judge
 alone, host-wide (minirl/sandbox.py: `lease_uids`), so judges of several ranks, or eval.py beside train.py,
-never touch each other's programs.
+never touch each other's programs. A worker keeps one sandbox open for the program whose tests it runs
+(`ProgramSandbox`: each test a fresh process with fresh /work and /tmp in it), so a test costs a fork and an
+exec, not a whole sandbox.
 
 Speed: C++ is compiled once per unique (source, flags), against a force-included precompiled <bits/stdc++.h>
 (minirl/compile.py); binaries and compile errors are cached by hash. Python syntax errors are found by

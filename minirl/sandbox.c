@@ -76,6 +76,7 @@ static const int deny[] = {
 #endif
     SYS_bpf, SYS_perf_event_open, SYS_userfaultfd, SYS_fanotify_init, SYS_open_by_handle_at, SYS_name_to_handle_at,
     SYS_memfd_create, SYS_shmget, SYS_msgget, SYS_semget,    /* memory that RLIMIT_AS does not count */
+    SYS_mq_open, SYS_mq_unlink,              /* POSIX queues outlive a test, in the IPC namespace its sandbox keeps */
     SYS_kexec_load, SYS_init_module, SYS_finit_module, SYS_delete_module, SYS_reboot, SYS_swapon, SYS_swapoff,
     SYS_acct, SYS_quotactl, SYS_syslog,
 };

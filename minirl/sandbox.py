@@ -5,6 +5,8 @@
     r = run_sandboxed(["python3", "main.py"], rundir, "t0", uid=lease.uids[0], time_limit_s=2, memory_mb=256,
                       mode=mode, stdin_path=rundir / "t0.in", files={"main.py": rundir / "main.py"})
     r["returncode"], r["timed_out"], r["cpu_s"], r["max_rss_mb"], r["oom"], r["out"], r["err"]
+    box = ProgramSandbox(["./main"], rundir, uid=..., time_limit_s=2, memory_mb=256, files=..., cgroup=...)
+    r = box.run("t0", rundir / "t0.in"); ...; box.close()   # "namespaces": one sandbox for many tests
 
 The judge (minirl/judge.py) decides verdicts; this file only runs things. The sandbox itself is minirl/sandbox.c
 (compiled once per machine), which says what a program sees: in "namespaces" mode (root, the normal case) a new

@@ -291,6 +291,7 @@ def test_seccomp_denies_namespaces_io_uring_keyrings_and_ptrace(judge):
         if (syscall(SYS_keyctl, 1, 0) >= 0) got += "keyctl ";       // KEYCTL_JOIN_SESSION_KEYRING
         if (ptrace(PTRACE_TRACEME, 0, 0, 0) == 0) got += "ptrace ";
         if (syscall(SYS_memfd_create, "m", 0) >= 0) got += "memfd ";
+        if (syscall(SYS_mq_open, "q", 0100 | 02, 0600, 0) >= 0) got += "mq_open ";  // O_CREAT | O_RDWR
         puts(got.empty() ? "denied" : got.c_str());
     }
     """
