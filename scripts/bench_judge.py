@@ -18,7 +18,8 @@ fraction of the limit: the busy time it needs (sum of compile-with-PCH and of te
 wall time. 100% would mean every core judged all the time with zero overhead. Both judges' CPU-seconds (their child
 processes') are printed too: unlike wall time they hardly depend on what else the host runs. Last, the sandbox's
 per-test overhead: the wall time per test of a C++ program that does nothing (one worker, binary cached, so it is
-all sandbox: namespaces, the new root, the cgroup, seccomp, exec, kill-and-reap), with cgroups and without.
+all judge and sandbox: the program's sandbox built once, then per test a fork, a fresh /work and /tmp, seccomp,
+exec, kill-and-reap, the cgroup's counters and the output comparison), with cgroups and without.
 """
 from __future__ import annotations
 
