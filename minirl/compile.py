@@ -8,7 +8,8 @@ speed-up instead of ~0.6 s of parsing its own headers). The PCH's header is GCC'
 <filesystem> (PCH_LEFT_OUT): a PCH saves parsing, not the instantiation of the header's pending templates,
 which g++ redoes in every compile, and those two headers are half of that (0.22 -> 0.11 s for an empty
 program) while contest programs do not use them. The copy sits first on the include path, so a source's own
-`#include <bits/stdc++.h>` gets it too. A forced include can clash with a source (it declares `y1`, `index`,
+`#include <bits/stdc++.h>` gets it too. (So the judge is a little more lenient than g++: a global named `future`
+beside `using namespace std;` compiles, where g++ with the whole header calls the name ambiguous.) A forced include can clash with a source (it declares `y1`, `index`,
 ...), and a source may use what was left out: a compile error under it is never final, the source is compiled
 again the plain way (system headers, no PCH). Results are cached by hash of (flags, source): binaries, and
 compile errors too, so a compile bomb costs its time limit once, not on every resubmission. The cache is root's

@@ -12,10 +12,10 @@
  *     HOST_PATH read-only at PATH (a relative PATH is in /work). The old root is detached: nothing else of the
  *     host is reachable.
  * -c: serve (with -i): build the sandbox once, then run PROGRAM once per request on the unix socket FD. A request
- *     carries three file descriptors, the run's stdin, stdout and stderr; each run gets fresh /work and /tmp (a
- *     mount namespace of its own) and is killed and reaped with everything it started before the reply, a
- *     line "STATUS MAX_RSS_KB USER_S SYS_S". The socket closing ends the sandbox. One program's tests this way
- *     cost a fork and an exec each instead of a whole sandbox (~1 ms instead of ~3.5 ms here).
+ *     carries three file descriptors, the run's stdin, stdout and stderr; each run gets mount, PID and IPC
+ *     namespaces of its own under an init of its own (fresh /work and /tmp, PIDs from 1) and is killed and
+ *     reaped with everything it started before the reply, a line "STATUS MAX_RSS_KB USER_S SYS_S". The socket
+ *     closing ends the sandbox. One program's tests this way cost ~1.3 ms each instead of ~3.5 ms here.
  * Always: rlimits, drop to UID (no groups, no new privileges), a seccomp filter (see `deny`), then exec.
  *
  * The program runs under a minimal init (PID 1 in the new namespace; a child subreaper without -i). When the
@@ -76,7 +76,8 @@ static const int deny[] = {
 #endif
     SYS_bpf, SYS_perf_event_open, SYS_userfaultfd, SYS_fanotify_init, SYS_open_by_handle_at, SYS_name_to_handle_at,
     SYS_memfd_create, SYS_shmget, SYS_msgget, SYS_semget,    /* memory that RLIMIT_AS does not count */
-    SYS_mq_open, SYS_mq_unlink,              /* POSIX queues outlive a test, in the IPC namespace its sandbox keeps */
+    SYS_mq_open, SYS_mq_unlink,                               /* POSIX queues: state outside any process */
+    SYS_socket, SYS_socketpair,        /* no network, and no fds in flight (SCM_RIGHTS) keeping a tmpfs alive */
     SYS_kexec_load, SYS_init_module, SYS_finit_module, SYS_delete_module, SYS_reboot, SYS_swapon, SYS_swapoff,
     SYS_acct, SYS_quotactl, SYS_syslog,
 };
@@ -199,7 +200,7 @@ static void scratch(uid_t uid, const char *tmpfs_mb, int host_work, char **binds
 static void start(char **program, uid_t uid, rlim_t cpu, rlim_t as, rlim_t fsize, rlim_t nproc) {
     limit(RLIMIT_CPU, cpu);
     limit(RLIMIT_AS, as);
-    limit(RLIMIT_STACK, as);
+    limit(RLIMIT_STACK, RLIM_INFINITY);  /* the main stack is bounded by RLIMIT_AS; threads get glibc's 8 MiB */
     limit(RLIMIT_FSIZE, fsize);
     limit(RLIMIT_NOFILE, 64);
     limit(RLIMIT_NPROC, nproc);
@@ -271,20 +272,26 @@ static int serve(int sock, char **program, uid_t uid, rlim_t cpu, rlim_t as, rli
             return 111;
         int fds[3];
         memcpy(fds, CMSG_DATA(c), sizeof fds);
-        pid_t child = fork();
-        if (child < 0) return 111;
-        if (child == 0) {
+        /* The run's own mount, PID and IPC namespaces, under an init of its own: fresh /work and /tmp, PIDs from
+         * 1, and nothing an earlier run left (files, processes, counters) is there; all of it goes with the run. */
+        pid_t run_init = syscall(SYS_clone, CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | SIGCHLD, 0, 0, 0, 0);
+        if (run_init < 0) return 111;
+        if (run_init == 0) {
             for (int k = 0; k < 3; k++)                /* the received ones are >= 3: 0-2 are init's own */
                 if (dup2(fds[k], k) < 0) _exit(111);
             close(sock);                               /* the program must never reach the socket */
             for (int k = 0; k < 3; k++) close(fds[k]);
-            if (unshare(CLONE_NEWNS)) die("unshare");  /* this run's /work and /tmp, gone with its last process */
+            if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL)) die("mount proc");
             scratch(uid, tmpfs_mb, 0, binds, nbinds);
-            start(program, uid, cpu, as, fsize, nproc);
+            pid_t child = fork();
+            if (child < 0) die("fork");
+            if (child == 0) start(program, uid, cpu, as, fsize, nproc);
+            struct usage own;
+            _exit(reap(child, uid, 1, &own));          /* its usage reaches us through wait4 */
         }
         for (int k = 0; k < 3; k++) close(fds[k]);
         struct usage u;
-        int status = reap(child, uid, 1, &u);
+        int status = reap(run_init, uid, 1, &u);
         n = format_usage(line, sizeof line, status, &u);
         if (send(sock, line, n, 0) != n) return 111;
     }

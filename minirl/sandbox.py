@@ -319,20 +319,37 @@ class ProgramSandbox:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         opts = ["-i", str(_new_root(cache)), "-s", str(memory_mb), "-c", str(theirs.fileno())]
         opts += [a for dest, src in files.items() for a in ("-b", f"{src}:{dest}")]
-        opts += _join(cgroup, memory_mb) if cgroup else []
-        self._errors = rundir / f"sandbox-{uid}.err"   # the sandbox's own failures
-        with theirs, open(self._errors, "wb") as err:
-            self._proc = subprocess.Popen(
-                [_sandbox_helper_in(cache), *_limits(uid, time_limit_s, memory_mb, OUTPUT_LIMIT_BYTES), *opts,
-                 "--", *argv], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, cwd="/",
-                env={**ENV, "HOME": "/work"}, pass_fds=(theirs.fileno(),), start_new_session=True)
+        try:
+            opts += self._join()
+            self._errors = rundir / f"sandbox-{uid}.err"   # the sandbox's own failures
+            with open(self._errors, "wb") as err:
+                self._proc = subprocess.Popen(
+                    [_sandbox_helper_in(cache), *_limits(uid, time_limit_s, memory_mb, OUTPUT_LIMIT_BYTES), *opts,
+                     "--", *argv], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, cwd="/",
+                    env={**ENV, "HOME": "/work"}, pass_fds=(theirs.fileno(),), start_new_session=True)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
         self._sock, self.alive = ours, True
+
+    def _join(self) -> list[str]:
+        """Set the cgroup's limits (every test's); without a working cgroup, go on with rlimits, as
+        `run_sandboxed` does."""
+        if self.cgroup is None:
+            return []
+        try:
+            return _join(self.cgroup, self.memory_mb)
+        except OSError as e:
+            log.warning("no cgroup for this program's tests (%s): rlimits only", e)
+            self.cgroup = None
+            return []
 
     def run(self, name: str, stdin_path: Path) -> dict:
         """One test: stdin from `stdin_path`, output to rundir/name.out and .err."""
         out_path, err_path = self.rundir / f"{name}.out", self.rundir / f"{name}.err"
-        if self.cgroup:
-            self.cgroup.begin((self.memory_mb + 64) << 20, NPROC)
+        self._join()                                   # the counters' starting values
         timed_out, reply = False, b""
         with open(out_path, "wb") as out, open(err_path, "wb") as err, open(stdin_path, "rb") as inp:
             t0 = time.perf_counter()

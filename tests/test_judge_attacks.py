@@ -193,14 +193,21 @@ def test_no_state_survives_between_runs():
 @root_only
 def test_no_state_survives_between_tests_of_one_program(judge):
     """A worker runs a program's tests one after another in one sandbox: files the program left in /work or
-    /tmp, and processes it left running, are gone before its next test. The first test stores its answer; the
-    next ones get AC only by finding it."""
+    /tmp, processes it left running, PIDs it used up and CPU time its init counted are gone before its next
+    test. The first test leaves all of these; the next ones get AC only by finding one."""
     src = """
     import os, sys, time
     n = int(input())
     if n == 0:
         for d in ('.', '/tmp'):
             open(os.path.join(d, 'answer'), 'w').write('0')
+        for _ in range(50):                        # 50 PIDs used, and CPU time for init's counters
+            if os.fork() == 0:
+                t = time.process_time()
+                while time.process_time() - t < 0.002:
+                    pass
+                os._exit(0)
+            os.wait()
         if os.fork() == 0:                         # a process that outlives the test, if it can
             os.setsid()
             time.sleep(30)
@@ -209,8 +216,10 @@ def test_no_state_survives_between_tests_of_one_program(judge):
     else:
         found = [open(os.path.join(d, 'answer')).read() for d in ('.', '/tmp') if os.path.exists(os.path.join(d, 'answer'))]
         others = [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid())]
-        print(n if found or others else 'none', found, others, file=sys.stderr)
-        print(n if found or others else 'none')
+        init_cpu = sum(map(int, open('/proc/1/stat').read().rsplit(')', 1)[1].split()[11:15]))  # utime..cstime
+        leaks = found or others or os.getpid() > 10 or init_cpu > 0
+        print(found, others, os.getpid(), init_cpu, file=sys.stderr)
+        print(n if leaks else 'none')
     """
     tests = [{"input": f"{i}\n", "output": str(i)} for i in range(4)]
     with Judge(workers=1, cgroups=judge.cgroups is not None) as j:
@@ -246,6 +255,42 @@ def test_a_program_cannot_reach_the_sandbox_that_runs_it(judge):
     """
     res = run(judge, src, tests=AB * 3)
     assert res.verdict != "AC" and res.passed == 0, res.message
+
+
+def test_threads_get_a_usable_stack(judge):
+    """A program's main stack may grow to the memory limit (deep recursion), and threads still start: glibc sizes
+    thread stacks from RLIMIT_STACK, which is therefore unlimited (RLIMIT_AS bounds the total)."""
+    src = r"""
+    #include <bits/stdc++.h>
+    int depth(int n) { volatile char pad[512]; pad[0] = 1; return n == 0 ? pad[0] - 1 : depth(n - 1) + pad[0]; }
+    int main() {
+        long long a, b; std::cin >> a >> b;
+        auto f = std::async(std::launch::async, [&] { return a + b; });
+        std::thread t([] {});
+        t.join();
+        std::cout << f.get() + depth(200000) - 200000 << "\n";      // ~100 MB of main stack
+    }
+    """
+    res = run(judge, src, "cpp", memory_limit_mb=256)
+    assert res.verdict == "AC", res.message
+    py = "import threading\nr = []\nt = threading.Thread(target=lambda: r.append(sum(map(int, input().split()))))\n" \
+         "t.start(); t.join(); print(r[0])\n"
+    assert run(judge, py).verdict == "AC"
+
+
+def test_a_program_sandbox_without_its_cgroup_still_judges(judge, monkeypatch):
+    """Where a program's cgroup cannot be set (a v1 memory limit lowered below memory still charged: EBUSY),
+    its tests run on rlimits, as single runs do, instead of failing."""
+    from minirl.cgroup import RunCgroup
+    begin = RunCgroup.begin
+
+    def busy(self, *args):
+        if any(str(d).endswith(f"-tests-{os.getpid()}") for d in self.dirs.values()):
+            raise OSError(16, "Device or resource busy")
+        return begin(self, *args)
+    monkeypatch.setattr(RunCgroup, "begin", busy)
+    res = run(judge, "print(sum(map(int, input().split())))", tests=AB * 3, memory_limit_mb=300)
+    assert (res.verdict, res.passed) == ("AC", 3), res.message
 
 
 @root_only
@@ -292,6 +337,9 @@ def test_seccomp_denies_namespaces_io_uring_keyrings_and_ptrace(judge):
         if (ptrace(PTRACE_TRACEME, 0, 0, 0) == 0) got += "ptrace ";
         if (syscall(SYS_memfd_create, "m", 0) >= 0) got += "memfd ";
         if (syscall(SYS_mq_open, "q", 0100 | 02, 0600, 0) >= 0) got += "mq_open ";  // O_CREAT | O_RDWR
+        if (syscall(SYS_socket, 1, 1, 0) >= 0) got += "socket ";                    // AF_UNIX: SCM_RIGHTS
+        int sv[2];
+        if (syscall(SYS_socketpair, 1, 1, 0, sv) >= 0) got += "socketpair ";
         puts(got.empty() ? "denied" : got.c_str());
     }
     """
