@@ -11,7 +11,7 @@ import pytest
 
 from minirl.data import GSM8K_SOURCE
 from conftest import shared_file
-import minirl.judge as judge_module
+import minirl.verdict as verdict_module
 from minirl.judge import Judge, judge_job, outputs_match
 from minirl.rewards import code_reward, code_rewards, extract_code, reward_from_result
 
@@ -126,8 +126,8 @@ def sequential(judge, job):
 @pytest.fixture
 def runs_by_uid(monkeypatch):
     """(uid, run name) of every program run by the judge's tests (compiles not included)."""
-    seen, run = [], judge_module._run_test
-    monkeypatch.setattr(judge_module, "_run_test", lambda job, i, worker:
+    seen, run = [], verdict_module._run_test
+    monkeypatch.setattr(verdict_module, "_run_test", lambda job, i, worker:
                         seen.append((worker.uid, f"t{i}")) or run(job, i, worker))
     return seen
 
