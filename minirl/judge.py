@@ -11,8 +11,8 @@ The pool: `workers` threads (default: this process's share of the cores, `cores 
 driving one sandboxed process at a time (compiler or program): the work happens in those processes, so threads
 give the parallelism without a process pool's pitfalls. Each worker runs as a sandbox uid leased for this Judge
 alone, host-wide (minirl/sandbox.py: `lease_uids`), so judges of several ranks, or eval.py beside train.py,
-never touch each other's programs. A worker keeps one sandbox open for the program whose tests it runs
-(`ProgramSandbox`: each test a fresh process with fresh /work and /tmp in it), so a test costs a fork and an
+never touch each other's programs. Each uid keeps one sandbox open for the Judge's life (`WorkerSandbox`:
+each test a fresh process, in namespaces of its own, with fresh /work and /tmp), so a test costs a fork and an
 exec, not a whole sandbox.
 
 Speed: C++ is compiled once per unique (source, flags), against a force-included precompiled <bits/stdc++.h>
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from minirl.cgroup import Cgroups
 from minirl.compile import pch_dir
-from minirl.sandbox import isolation_mode, lease_uids
+from minirl.sandbox import WorkerSandbox, isolation_mode, lease_uids
 from minirl.verdict import (CXX_FLAGS, LANGUAGES, VERDICTS, Job, JudgeResult, Worker, judge_error,  # noqa: F401
                             judge_job, outputs_match, prepare)
 
@@ -103,6 +103,7 @@ class Judge:
             self._uids.put(uid)
         self.isolation = isolation_mode(self._lease.uids[0])
         self.cgroups = Cgroups.detect() if cgroups and self.isolation != "rlimits" else None
+        self._boxes: dict[int, WorkerSandbox] = {}  # uid -> its sandbox, kept open across run_many calls
         self._calls = 0                        # run_many calls in flight: close() waits for them
         self._calls_done = threading.Condition()
         pch_dir(self.cxx_flags)  # build the precompiled header once, up front
@@ -143,13 +144,12 @@ class Judge:
         run of the same uid."""
         uid = self._uids.get()  # as many uids as workers: waits only while another run_many's workers hold them
         try:
-            with Worker(uid, self.cgroups) as worker:
-                while (work := batch.next_work()) is not None:
-                    if isinstance(work, int):
-                        worker.close()
-                        batch.results[work] = self._own(batch, work, worker)
-                    elif (i := work.take()) is not None:
-                        work.run(i, worker)
+            worker = Worker(uid, self.cgroups, self._boxes)
+            while (work := batch.next_work()) is not None:
+                if isinstance(work, int):
+                    batch.results[work] = self._own(batch, work, worker)
+                elif (i := work.take()) is not None:
+                    work.run(i, worker)
         finally:
             self._uids.put(uid)
 
@@ -171,9 +171,12 @@ class Judge:
             return judge_error(e, len(spec["tests"]))
 
     def close(self) -> None:
-        """Wait for run_many calls in flight (their sandboxes run as our uids), then release the uids and cgroups."""
+        """Wait for run_many calls in flight (their sandboxes run as our uids), then close the sandboxes and release
+        the uids and cgroups."""
         with self._calls_done:
             self._calls_done.wait_for(lambda: self._calls == 0)
+        for box in self._boxes.values():
+            box.close()
         if self.cgroups:
             self.cgroups.close()
         self._lease.release()

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from minirl.cgroup import Cgroups
 from minirl.compile import MESSAGE_LIMIT, compile_cpp, tail
-from minirl.sandbox import (OUTPUT_LIMIT_BYTES, ProgramSandbox, cache_dir, isolation_mode, lease_uids, remove_tree,
+from minirl.sandbox import (OUTPUT_LIMIT_BYTES, WorkerSandbox, cache_dir, isolation_mode, lease_uids, remove_tree,
                             run_sandboxed)
 
 log = logging.getLogger(__name__)
@@ -130,8 +130,12 @@ def judge_job(source: str, language: str, tests: list[dict], time_limit_s: float
                        cxx_flags, mode=mode, uid=uid, cgroups=cgroups)
         if isinstance(job, JudgeResult):
             return job
-        with Worker(uid, cgroups) as worker:
-            return job.own(worker)
+        boxes: dict[int, WorkerSandbox] = {}
+        try:
+            return job.own(Worker(uid, cgroups, boxes))
+        finally:
+            for box in boxes.values():
+                box.close()
     except Exception as e:  # noqa: BLE001 -- one job must never stop a training run
         return judge_error(e, len(tests))
     finally:
@@ -243,36 +247,24 @@ def prepare(source: str, language: str, tests: list[dict], time_limit_s: float =
 
 
 class Worker:
-    """A worker's uid, and the sandbox it keeps open for the program whose tests it is running ("namespaces"
-    mode): one at a time, closed before it moves to another program, so the uid's processes and its tests'
-    cgroup ("u<uid>-tests") belong to one sandbox."""
+    """A worker's uid and, in "namespaces" mode, its sandbox (minirl/sandbox.py: `WorkerSandbox`), kept in
+    `boxes` (uid -> sandbox) by whoever holds the uid (a Judge: for its life) and made on first use, or again
+    after a test past its wall limit ended it. Its tests' cgroup ("u<uid>-tests") is the sandbox's alone."""
 
-    def __init__(self, uid: int, cgroups: Cgroups | None):
-        self.uid, self.cgroups = uid, cgroups
-        self._box: ProgramSandbox | None = None
-        self._box_job: Job | None = None
+    def __init__(self, uid: int, cgroups: Cgroups | None, boxes: dict[int, WorkerSandbox]):
+        self.uid, self.cgroups, self.boxes = uid, cgroups, boxes
 
-    def sandbox_for(self, job: Job) -> ProgramSandbox | None:
-        if job.mode != "namespaces":
-            return None
-        if self._box_job is not job or not self._box.alive:
-            self.close()
-            cgroup = self.cgroups.run(f"u{self.uid}-tests") if self.cgroups else None
-            self._box = ProgramSandbox(job.argv, job.root, uid=self.uid, time_limit_s=job.time_limit_s,
-                                       memory_mb=job.memory_mb, files=job.files, cgroup=cgroup)
-            self._box_job = job
-        return self._box
-
-    def close(self) -> None:
-        if self._box is not None:
-            self._box.close()
-        self._box = self._box_job = None
-
-    def __enter__(self) -> Worker:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def sandbox(self) -> WorkerSandbox:
+        box = self.boxes.get(self.uid)
+        if box is None or not box.alive:
+            cgroup = None
+            if self.cgroups is not None:
+                try:
+                    cgroup = self.cgroups.run(f"u{self.uid}-tests")
+                except OSError as e:
+                    log.warning("no cgroup for this worker's tests (%s): rlimits only", e)
+            box = self.boxes[self.uid] = WorkerSandbox(self.uid, cgroup)
+        return box
 
 
 def _run_test(job: Job, i: int, worker: Worker) -> tuple[dict, str]:
@@ -280,8 +272,10 @@ def _run_test(job: Job, i: int, worker: Worker) -> tuple[dict, str]:
     folder t{i} outside namespaces), so tests of one job may run at once, each as its worker's uid."""
     root, test, uid = job.root, job.tests[i], worker.uid
     _write_private(root / f"t{i}.in", test["input"], uid, job.mode)
-    if box := worker.sandbox_for(job):
-        r = box.run(f"t{i}", root / f"t{i}.in")
+    if job.mode == "namespaces":
+        (name, path), = job.files.items()
+        r = worker.sandbox().run(job.argv, (name, path), root, f"t{i}", root / f"t{i}.in",
+                                 time_limit_s=job.time_limit_s, memory_mb=job.memory_mb)
     else:
         r = run_sandboxed(job.argv, root, f"t{i}", uid=uid, time_limit_s=job.time_limit_s,
                           memory_mb=job.memory_mb, mode=job.mode, stdin_path=root / f"t{i}.in", files=job.files,

@@ -294,18 +294,26 @@ def test_a_program_sandbox_without_its_cgroup_still_judges(judge, monkeypatch):
 
 
 @root_only
-def test_no_sandbox_is_left_running_after_a_batch(judge):
+def test_a_judge_keeps_one_sandbox_per_worker_and_leaves_none(judge):
+    """Each worker's sandbox serves every program it runs, batch after batch (no new one per program, none
+    leaked), and closing the Judge ends them all."""
     from minirl.sandbox import _sandbox_helper_in
     helper = _sandbox_helper_in(cache_dir())
-    jobs = [dict(source="print(sum(map(int, input().split())))", language="python", tests=AB * 4)] * 3
-    assert [r.verdict for r in judge.run_many(jobs)] == ["AC"] * 3
 
-    def cmdline(pid):
-        try:
-            return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
-        except OSError:
-            return ""
-    assert [p for p in os.listdir("/proc") if p.isdigit() and cmdline(p) == helper] == []
+    def sandboxes():  # each is two processes: the launcher and its init
+        def cmdline(pid):
+            try:
+                return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+            except OSError:
+                return ""
+        return [p for p in os.listdir("/proc") if p.isdigit() and cmdline(p) == helper]
+    before = sandboxes()  # the module's judges'
+    jobs = [dict(source="print(sum(map(int, input().split())))", language="python", tests=AB * 4)] * 3
+    with Judge(workers=2, cgroups=judge.cgroups is not None) as j:
+        for _ in range(2):
+            assert [r.verdict for r in j.run_many(jobs)] == ["AC"] * 3
+            assert len(set(sandboxes()) - set(before)) == 2 * 2
+    assert set(sandboxes()) - set(before) == set()
 
 
 def test_float_tolerance_needs_both_values_finite():
