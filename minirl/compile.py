@@ -114,8 +114,9 @@ def _cache_add(path: Path) -> None:
         for _, size, p in sorted(entries):
             if total <= 0.8 * cache_limit_bytes():
                 break
-            Path(p).unlink(missing_ok=True)
-            total -= size
+            if p != str(path):                         # never the entry its caller is about to use
+                Path(p).unlink(missing_ok=True)
+                total -= size
         _cache_bytes = total
 
 

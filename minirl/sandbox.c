@@ -3,7 +3,7 @@
  *
  *   sandbox -u UID -t CPU_S -m AS_BYTES -f FSIZE_BYTES -p NPROC [-r REPORT] [-g CGROUP_PROCS]...
  *           [-i NEWROOT -s TMPFS_MB [-w HOST_DIR] [-b HOST_PATH:PATH]...] -- PROGRAM [ARGS...]
- *   sandbox -u UID -p NPROC [-g CGROUP_PROCS]... -i NEWROOT -c FD
+ *   sandbox -u UID -p NPROC [-g CGROUP_PROCS]... -i NEWROOT -b HOST_DIR:/.run/bin -c FD
  *
  * -g: join these cgroups first (a cgroup.procs file per controller; sandbox.py creates them).
  * -i: isolate. New mount, PID, network, IPC and UTS namespaces, and a new root on the empty folder NEWROOT: read-only
@@ -202,7 +202,8 @@ static void scratch(uid_t uid, const char *tmpfs_mb, int host_work, char **binds
 static void start(char **program, uid_t uid, rlim_t cpu, rlim_t as, rlim_t fsize, rlim_t nproc) {
     limit(RLIMIT_CPU, cpu);
     limit(RLIMIT_AS, as);
-    limit(RLIMIT_STACK, RLIM_INFINITY);  /* the main stack is bounded by RLIMIT_AS; threads get glibc's 8 MiB */
+    limit(RLIMIT_STACK, RLIM_INFINITY);  /* main stack: bounded by RLIMIT_AS; threads: glibc's 2 MiB default (a
+                                            finite limit would be every thread's size, and none would fit) */
     limit(RLIMIT_FSIZE, fsize);
     limit(RLIMIT_NOFILE, 64);
     limit(RLIMIT_NPROC, nproc);
@@ -258,34 +259,23 @@ static int format_usage(char *buf, size_t size, int status, const struct usage *
                     (long)u->user.tv_usec, (long)u->sys.tv_sec, (long)u->sys.tv_usec);
 }
 
-/* The program's file, from a descriptor, to /work/NAME: root's, read-only (a descriptor's file lives in a mount
- * outside this namespace, which cannot be bound here). */
-static void copy_in(int from, const char *name) {
-    char buf[65536];
-    ssize_t n;
-    int to = open(name, O_WRONLY | O_CREAT | O_EXCL, 0555);
-    if (to < 0) die("copy in");
-    while ((n = read(from, buf, sizeof buf)) > 0)
-        if (write(to, buf, n) != n) die("copy in");
-    if (n < 0 || close(to) || close(from)) die("copy in");
-}
-
 /* -c: one run per request on `sock` until it closes. A request: the fields CPU_S, AS_BYTES, FSIZE_BYTES, TMPFS_MB,
- * NAME and the program's argv, each ending in a NUL, and four file descriptors: the run's stdin, stdout, stderr and
- * the file copied to /work/NAME (the program's binary or source). */
+ * NAME and the program's argv, each ending in a NUL, and three file descriptors: the run's stdin, stdout and
+ * stderr. The judge puts the program's file (binary or source) at /.run/bin/NAME (its folder, bound there by -b),
+ * which is bound read-only at /work/NAME. */
 static int serve(int sock, uid_t uid, rlim_t nproc) {
     for (;;) {
-        char buf[8192], line[128], control[CMSG_SPACE(4 * sizeof(int))], *field[256];
+        char buf[8192], line[128], control[CMSG_SPACE(3 * sizeof(int))], *field[256], file[4096];
         struct iovec iov = {buf, sizeof buf};
         struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
                              .msg_controllen = sizeof control};
         ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
         if (n == 0) return 0;                          /* the judge closed its end: done */
         struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        if (n < 0 || !c || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(4 * sizeof(int)) ||
+        if (n < 0 || !c || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(3 * sizeof(int)) ||
             (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) || buf[n - 1] != 0)
             return 111;
-        int fds[4], nfield = 0;
+        int fds[3], nfield = 0;
         memcpy(fds, CMSG_DATA(c), sizeof fds);
         for (char *f = buf; f < buf + n && nfield < 255; f += strlen(f) + 1) field[nfield++] = f;
         field[nfield] = NULL;
@@ -305,14 +295,15 @@ static int serve(int sock, uid_t uid, rlim_t nproc) {
             for (int k = 0; k < 3; k++) close(fds[k]);
             if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL)) die("mount proc");
             scratch(uid, field[3], 0, NULL, 0);
-            copy_in(fds[3], name);
+            snprintf(file, sizeof file, "/.run/bin/%s", name);
+            bind_path(file, name, 1);
             pid_t child = fork();
             if (child < 0) die("fork");
             if (child == 0) start(field + 5, uid, cpu, as, fsize, nproc);
             struct usage own;
             _exit(reap(child, uid, 1, &own));          /* its usage reaches us through wait4 */
         }
-        for (int k = 0; k < 4; k++) close(fds[k]);
+        for (int k = 0; k < 3; k++) close(fds[k]);
         struct usage u;
         int status = reap(run_init, uid, 1, &u);
         n = format_usage(line, sizeof line, status, &u);
@@ -347,8 +338,8 @@ int main(int argc, char **argv) {
         default: fprintf(stderr, "sandbox: bad option\n"); return 111;
         }
     }
-    if (uid == 0 || (sock < 0 && optind >= argc) || (sock >= 0 && (!isolated || workdir || nbinds))) {
-        fprintf(stderr, "sandbox: need -u UID (not 0) and a program (with -c: -i, and no -w or -b)\n");
+    if (uid == 0 || (sock < 0 && optind >= argc) || (sock >= 0 && (!isolated || workdir))) {
+        fprintf(stderr, "sandbox: need -u UID (not 0) and a program (with -c: -i, and no -w)\n");
         return 111;
     }
     char **program = argv + optind;
@@ -369,9 +360,6 @@ int main(int argc, char **argv) {
     if (!isolated) prctl(PR_SET_CHILD_SUBREAPER, 1);  /* orphans (setsid or not) come back to us */
     if (isolated) {
         build_root(workdir, binds, nbinds);
-        int fd = open("/proc/self/oom_score_adj", O_WRONLY);  /* an OOM kill should take the program, not init */
-        if (fd >= 0 && write(fd, "-1000", 5) != 5) {}         /* (needs CAP_SYS_RESOURCE: best effort) */
-        if (fd >= 0) close(fd);
         if (sock >= 0) _exit(serve(sock, uid, nproc));
         scratch(uid, tmpfs_mb, workdir != NULL, binds, nbinds);
     }

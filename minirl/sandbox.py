@@ -318,7 +318,13 @@ class WorkerSandbox:
         self.uid, self.cgroup = uid, cgroup
         cache = cache_dir()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        opts = ["-u", str(uid), "-p", str(NPROC), "-i", str(_new_root(cache)), "-c", str(theirs.fileno())]
+        # the program file of the run in progress, hard-linked here (a bind from it costs no copy, and nothing of
+        # it counts against the run's memory); bound read-only at /.run/bin, in a folder programs cannot list
+        self._files = cache / f"sandbox-{uid}-{os.getpid()}"
+        remove_tree(self._files)
+        self._files.mkdir(mode=0o700)
+        opts = ["-u", str(uid), "-p", str(NPROC), "-i", str(_new_root(cache)), "-b", f"{self._files}:/.run/bin",
+                "-c", str(theirs.fileno())]
         opts += [a for p in cgroup.procs for a in ("-g", p)] if cgroup else []
         self._errors = cache / f"sandbox-{uid}-{os.getpid()}.err"   # the sandbox's own failures
         try:
@@ -348,13 +354,18 @@ class WorkerSandbox:
                 cgroup = None
         limits = _limits(self.uid, time_limit_s, memory_mb, output_limit)
         fields = [limits[3], limits[5], limits[7], str(memory_mb), file[0], *argv]   # -t, -m, -f values
+        staged = self._files / file[0]
+        staged.unlink(missing_ok=True)
+        try:
+            os.link(file[1], staged)
+        except OSError:                                # another filesystem
+            shutil.copy(file[1], staged)
         timed_out, reply = False, b""
-        with open(out_path, "wb") as out, open(err_path, "wb") as err, open(stdin_path, "rb") as inp, \
-                open(file[1], "rb") as program:
+        with open(out_path, "wb") as out, open(err_path, "wb") as err, open(stdin_path, "rb") as inp:
             t0 = time.perf_counter()
             try:
                 socket.send_fds(self._sock, [b"".join(f.encode() + b"\0" for f in fields)],
-                                [inp.fileno(), out.fileno(), err.fileno(), program.fileno()])
+                                [inp.fileno(), out.fileno(), err.fileno()])
                 self._sock.settimeout(time_limit_s * 2 + 1.0)  # sleep(), blocking reads
                 reply = self._sock.recv(128)
             except TimeoutError:
@@ -362,6 +373,7 @@ class WorkerSandbox:
             except OSError:                            # init is gone: reply stays empty
                 pass
             wall = time.perf_counter() - t0
+        staged.unlink(missing_ok=True)
         status, cpu, rss_mb = 128 + signal.SIGKILL, 0.0, None
         if reply:
             fields = reply.split()
@@ -396,6 +408,7 @@ class WorkerSandbox:
         if self.cgroup:
             self.cgroup.kill_all()
         self._errors.unlink(missing_ok=True)
+        remove_tree(self._files)
 
 
 def _work_folder(path: Path, files: dict[str, Path], uid: int | None) -> Path:

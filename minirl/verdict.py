@@ -21,6 +21,7 @@ import math
 import mmap
 import os
 import re
+import shutil
 import signal
 import tempfile
 import threading
@@ -228,7 +229,11 @@ def prepare(source: str, language: str, tests: list[dict], time_limit_s: float =
             if binary is None:
                 remove_tree(root)
                 return JudgeResult("CE", 0, len(tests), message=message[:MESSAGE_LIMIT], compile_s=compile_s)
-            argv, files = ["./main"], {"main": binary}
+            try:                       # the job's own link: the cache may evict the binary while tests run
+                os.link(binary, root / "main")
+            except OSError:
+                shutil.copy(binary, root / "main")
+            argv, files = ["./main"], {"main": root / "main"}
         else:
             message = _python_syntax_error(source)
             if message:

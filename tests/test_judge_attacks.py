@@ -230,7 +230,8 @@ def test_no_state_survives_between_tests_of_one_program(judge):
 @root_only
 def test_a_program_cannot_reach_the_sandbox_that_runs_it(judge):
     """The sandbox that runs a program's tests takes them from the judge over a socket, as root: the program has
-    no descriptor of it, cannot read init's, and cannot signal init."""
+    no descriptor of it, cannot read init's, cannot signal init, and inherits nothing that shields it from the
+    OOM killer."""
     src = """
     import os, signal, sys
     a, b = map(int, input().split())
@@ -250,6 +251,8 @@ def test_a_program_cannot_reach_the_sandbox_that_runs_it(judge):
         got.append('signalled init')
     except OSError:
         pass
+    if int(open('/proc/self/oom_score_adj').read()) < 0:   # an OOM killer that cannot take it: no MLE
+        got.append('oom_score_adj')
     print(got, file=sys.stderr)
     print(a + b if got else 'none')
     """
@@ -259,16 +262,17 @@ def test_a_program_cannot_reach_the_sandbox_that_runs_it(judge):
 
 def test_threads_get_a_usable_stack(judge):
     """A program's main stack may grow to the memory limit (deep recursion), and threads still start: glibc sizes
-    thread stacks from RLIMIT_STACK, which is therefore unlimited (RLIMIT_AS bounds the total)."""
+    thread stacks from RLIMIT_STACK, which is therefore unlimited (RLIMIT_AS bounds the total; threads get 2 MiB)."""
     src = r"""
     #include <bits/stdc++.h>
     int depth(int n) { volatile char pad[512]; pad[0] = 1; return n == 0 ? pad[0] - 1 : depth(n - 1) + pad[0]; }
     int main() {
         long long a, b; std::cin >> a >> b;
         auto f = std::async(std::launch::async, [&] { return a + b; });
-        std::thread t([] {});
+        int in_thread = -1;
+        std::thread t([&] { in_thread = depth(2000); });              // ~1 MB of a thread's 2 MiB
         t.join();
-        std::cout << f.get() + depth(200000) - 200000 << "\n";      // ~100 MB of main stack
+        std::cout << f.get() + depth(200000) - 200000 + in_thread - 2000 << "\n";    // ~100 MB of main stack
     }
     """
     res = run(judge, src, "cpp", memory_limit_mb=256)
@@ -276,6 +280,31 @@ def test_threads_get_a_usable_stack(judge):
     py = "import threading\nr = []\nt = threading.Thread(target=lambda: r.append(sum(map(int, input().split()))))\n" \
          "t.start(); t.join(); print(r[0])\n"
     assert run(judge, py).verdict == "AC"
+
+
+@root_only
+def test_a_large_binary_does_not_count_against_its_memory(judge):
+    """The program's file is bound into its sandbox, not copied: a 96 MiB data segment, all written, fits a
+    128 MiB limit (a copy in the test's tmpfs would count it twice)."""
+    src = r"""
+    #include <cstdio>
+    static char data[96 << 20] = {1};
+    int main() { long a, b, s = 0; if (scanf("%ld %ld", &a, &b) != 2) return 1;
+                 for (long i = 0; i < (96 << 20); i += 4096) { data[i] += 1; s += data[i]; }
+                 printf("%ld\n", a + b + s - (96 << 20) / 4096 - 1); }
+    """
+    res = run(judge, src, "cpp", memory_limit_mb=128)
+    assert res.verdict == "AC", res.message
+
+
+def test_a_binary_evicted_from_the_cache_still_runs_its_tests(monkeypatch):
+    """A job keeps its own link to its binary: a cache cap that evicts it while its tests run costs nothing."""
+    monkeypatch.setenv("MINIRL_JUDGE_CACHE_MB", "0")  # every new binary evicts all the others
+    progs = [f"#include <cstdio>\nint main(){{long a,b; if(scanf(\"%ld %ld\",&a,&b)!=2) return 1;"
+             f" printf(\"%ld\\n\", a+b+{k}-{k});}}\n" for k in range(3)]
+    with Judge(workers=2) as j:
+        res = j.run_many([dict(source=p, language="cpp", tests=AB * 20) for p in progs])
+    assert [(r.verdict, r.passed) for r in res] == [("AC", 20)] * 3, [r.message for r in res]
 
 
 def test_a_program_sandbox_without_its_cgroup_still_judges(judge, monkeypatch):
