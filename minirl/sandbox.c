@@ -32,6 +32,7 @@
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stddef.h>
@@ -259,6 +260,20 @@ static int format_usage(char *buf, size_t size, int status, const struct usage *
                     (long)u->user.tv_usec, (long)u->sys.tv_sec, (long)u->sys.tv_usec);
 }
 
+/* While a run goes on, the judge may die (its end of the socket closes): 1 then, 0 once the run's init exits. */
+static int judge_left(int sock, pid_t run_init) {
+    int pidfd = syscall(SYS_pidfd_open, run_init, 0);
+    if (pidfd < 0) return 0;                           /* an old kernel: no watch, the judge's timeout only */
+    struct pollfd watch[2] = {{sock, POLLIN | POLLRDHUP, 0}, {pidfd, POLLIN, 0}};
+    for (;;) {
+        if (poll(watch, 2, -1) < 0 && errno != EINTR) break;
+        if (watch[1].revents) break;
+        if (watch[0].revents) { close(pidfd); return 1; }  /* the judge sends nothing mid-run: it closed */
+    }
+    close(pidfd);
+    return 0;
+}
+
 /* -c: one run per request on `sock` until it closes. A request: the fields CPU_S, AS_BYTES, FSIZE_BYTES, TMPFS_MB,
  * NAME and the program's argv, each ending in a NUL, and three file descriptors: the run's stdin, stdout and
  * stderr. The judge puts the program's file (binary or source) at /.run/bin/NAME (its folder, bound there by -b),
@@ -304,6 +319,10 @@ static int serve(int sock, uid_t uid, rlim_t nproc) {
             _exit(reap(child, uid, 1, &own));          /* its usage reaches us through wait4 */
         }
         for (int k = 0; k < 3; k++) close(fds[k]);
+        if (judge_left(sock, run_init)) {              /* nobody to enforce the wall limit: end it all */
+            kill(-1, SIGKILL);
+            return 0;
+        }
         struct usage u;
         int status = reap(run_init, uid, 1, &u);
         n = format_usage(line, sizeof line, status, &u);
@@ -343,6 +362,9 @@ int main(int argc, char **argv) {
         return 111;
     }
     char **program = argv + optind;
+    /* a single run's judge waits in the thread that started it, so that thread's end is the judge's; a serving
+     * sandbox outlives the thread that started it and watches its socket instead (`judge_left`) */
+    if (sock < 0) prctl(PR_SET_PDEATHSIG, SIGKILL);
     FILE *report = report_path ? fopen(report_path, "w") : NULL;  /* opened before the host disappears */
     limit(RLIMIT_CORE, 0);
     if (isolated && unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)) die("unshare");

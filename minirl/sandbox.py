@@ -320,8 +320,12 @@ class WorkerSandbox:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # the program file of the run in progress, hard-linked here (a bind from it costs no copy, and nothing of
         # it counts against the run's memory); bound read-only at /.run/bin, in a folder programs cannot list
+        for left in cache.glob(f"sandbox-{uid}-*"):    # a judge that died holding this uid left them
+            if left.is_dir():
+                remove_tree(left)
+            else:
+                left.unlink(missing_ok=True)
         self._files = cache / f"sandbox-{uid}-{os.getpid()}"
-        remove_tree(self._files)
         self._files.mkdir(mode=0o700)
         opts = ["-u", str(uid), "-p", str(NPROC), "-i", str(_new_root(cache)), "-b", f"{self._files}:/.run/bin",
                 "-c", str(theirs.fileno())]

@@ -220,30 +220,38 @@ def prepare(source: str, language: str, tests: list[dict], time_limit_s: float =
     """Compile or syntax-check `source` and make its run folder: a job ready to run, or its result (CE)."""
     language = LANGUAGES[language]
     root = Path(tempfile.mkdtemp(prefix="run-", dir=cache_dir()))  # 0700: host-side files of this job
+    own = root / ".job"  # the program and checker: root's alone even where root/ is 0711 ("uid" mode)
     try:
+        own.mkdir(mode=0o700)
         if mode == "uid":
             os.chmod(root, 0o711)  # each test's work folder (0700, the uid running it) is inside
         compile_s = 0.0
         if language == "cpp":
-            binary, message, compile_s = compile_cpp(source, tuple(cxx_flags), uid, mode, cgroups)
-            if binary is None:
-                remove_tree(root)
-                return JudgeResult("CE", 0, len(tests), message=message[:MESSAGE_LIMIT], compile_s=compile_s)
-            try:                       # the job's own link: the cache may evict the binary while tests run
-                os.link(binary, root / "main")
-            except OSError:
-                shutil.copy(binary, root / "main")
-            argv, files = ["./main"], {"main": root / "main"}
+            for attempt in range(2):
+                binary, message, compile_s = compile_cpp(source, tuple(cxx_flags), uid, mode, cgroups)
+                if binary is None:
+                    remove_tree(root)
+                    return JudgeResult("CE", 0, len(tests), message=message[:MESSAGE_LIMIT], compile_s=compile_s)
+                try:                   # the job's own link: the cache may evict the binary while tests run
+                    os.link(binary, own / "main")
+                    break
+                except FileNotFoundError:
+                    if attempt:        # evicted between the cache's answer and here, twice
+                        raise
+                except OSError:
+                    shutil.copy(binary, own / "main")
+                    break
+            argv, files = ["./main"], {"main": own / "main"}
         else:
             message = _python_syntax_error(source)
             if message:
                 remove_tree(root)
                 return JudgeResult("CE", 0, len(tests), message=message[:MESSAGE_LIMIT])
-            (root / "main.py").write_text(source)
+            (own / "main.py").write_text(source)
             # -I (no user site, no environment), not -S: site defines exit() and quit(), which solutions call
-            argv, files = ["python3", "-I", "main.py"], {"main.py": root / "main.py"}
+            argv, files = ["python3", "-I", "main.py"], {"main.py": own / "main.py"}
         if checker and checker.get("language", "python").startswith("python"):
-            (root / "checker.py").write_text(checker["source"])  # once: tests may run at once and all read it
+            (own / "checker.py").write_text(checker["source"])  # once: tests may run at once and all read it
         return Job(root, tests, argv, files, time_limit_s, memory_limit_mb, float_tolerance, checker, compile_s,
                     mode, cgroups)
     except BaseException:
@@ -349,11 +357,11 @@ def _python_syntax_error(source: str) -> str:
 def _check(checker: dict, test: dict, out: Path, root: Path, i: int, uid: int, mode: str,
            cgroups: Cgroups | None) -> bool:
     """A special checker: a program run as `checker input expected actual`; exit code 0 accepts. A Python
-    checker's source is root/checker.py, written by `prepare`."""
+    checker's source is root/.job/checker.py, written by `prepare`."""
     _write_private(root / f"c{i}.exp", test["output"], uid, mode)
     files = {"input.txt": root / f"t{i}.in", "expected.txt": root / f"c{i}.exp", "actual.txt": out}
     if checker.get("language", "python").startswith("python"):
-        argv, files["checker.py"] = ["python3", "-I", "checker.py"], root / "checker.py"
+        argv, files["checker.py"] = ["python3", "-I", "checker.py"], root / ".job" / "checker.py"
     else:
         binary, _, _ = compile_cpp(checker["source"], CXX_FLAGS, uid, mode, cgroups)  # cached after the first
         if binary is None:

@@ -11,6 +11,7 @@ import platform
 import subprocess
 import sys
 import textwrap
+import time
 import tracemalloc
 import uuid
 from pathlib import Path
@@ -543,6 +544,73 @@ def test_uid_mode_a_program_cannot_read_the_expected_output_of_a_test_running_be
         j.isolation = "uid"
         r = j.run_many([dict(source=spy, language="python", tests=tests, checker=checker, time_limit_s=3)])[0]
     assert r.tests[1]["verdict"] == "AC" and r.verdict == "WA"  # test 0 printed "None": it read nothing
+
+
+@root_only
+def test_uid_mode_a_program_cannot_run_another_jobs_binary():
+    """Outside namespaces run folders are reachable by name, and the sandbox launchers' command lines name them:
+    a program looks for a sibling's binary there (a correct one, running beside it) and runs it on its input."""
+    good = "#include <cstdio>\n#include <unistd.h>\nint main(){long a,b; if(scanf(\"%ld %ld\",&a,&b)!=2) return 1;" \
+           " sleep(2); printf(\"%ld\\n\",a+b);}\n"
+    thief = textwrap.dedent("""
+        import glob, os, subprocess, time
+        data, t, got = input(), time.time(), None
+        while time.time() - t < 1.5 and got is None:
+            for cmd in glob.glob('/proc/*/cmdline'):
+                try:
+                    args = open(cmd, 'rb').read().split(b'\\0')
+                except OSError:
+                    continue
+                for a in args:
+                    run = os.path.dirname(a.decode(errors='replace'))
+                    if '/run-' not in run:
+                        continue
+                    for exe in (run + '/main', run + '/.job/main'):
+                        try:
+                            got = subprocess.run([exe], input=data, capture_output=True, text=True, timeout=3).stdout
+                            break
+                        except (OSError, subprocess.SubprocessError):
+                            pass
+        print(got)
+        """)
+    tests = [{"input": "40 2\n", "output": "42"}]
+    with Judge(workers=2, cgroups=False) as j:
+        j.isolation = "uid"
+        good_res, thief_res = j.run_many([dict(source=good, language="cpp", tests=tests, time_limit_s=4),
+                                          dict(source=thief, language="python", tests=tests, time_limit_s=4)])
+    assert good_res.verdict == "AC" and thief_res.verdict == "WA", thief_res
+
+
+@root_only
+def test_a_killed_judge_leaves_no_program_running():
+    """The judge is SIGKILLed while a program of its sleeps: the worker's sandbox sees its socket close and
+    kills the program, and the next Judge on the uid sweeps what the dead one left."""
+    code = ("import sys; sys.path.insert(0, %r)\nfrom minirl.judge import Judge\n"
+            "j = Judge(workers=1)\nprint(j.uids[0], flush=True)\n"
+            "j.run('import time\\ntime.sleep(60)\\n', 'python', [{'input': '', 'output': ''}], time_limit_s=30)\n"
+            % str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    uid = int(proc.stdout.readline())
+    deadline = time.time() + 20
+    while time.time() < deadline and not _processes_of(uid):
+        time.sleep(0.05)
+    assert _processes_of(uid), "the program never started"
+    proc.kill()
+    proc.wait()
+    deadline = time.time() + 5
+    while time.time() < deadline and _processes_of(uid):
+        time.sleep(0.05)
+    assert _processes_of(uid) == []
+    leftovers = lambda: [p.name for p in cache_dir().glob(f"sandbox-{uid}-*")]  # noqa: E731
+    assert leftovers()  # what the dead judge left: its staging folder
+    from minirl.sandbox import WorkerSandbox
+    WorkerSandbox(uid, None).close()
+    assert leftovers() == []
+
+
+def _processes_of(uid: int) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "uid=,pid="], capture_output=True, text=True).stdout
+    return [line.split()[1] for line in out.splitlines() if int(line.split()[0]) == uid]
 
 
 def test_close_waits_for_a_run_many_in_flight_before_giving_its_uids_back():
