@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 
 from minirl.cgroup import Cgroups
-from minirl.sandbox import cache_dir, remove_tree, run_sandboxed, unique_tmp
+from minirl.sandbox import run_sandboxed
+from minirl.sandbox_host import cache_dir, remove_tree, unique_tmp
 
 MESSAGE_LIMIT = 2000               # characters of compiler/stderr text kept in a result
 COMPILE_CPU_S = 30

@@ -10,7 +10,7 @@
 The pool: `workers` threads (default: this process's share of the cores, `cores // LOCAL_WORLD_SIZE`), each
 driving one sandboxed process at a time (compiler or program): the work happens in those processes, so threads
 give the parallelism without a process pool's pitfalls. Each worker runs as a sandbox uid leased for this Judge
-alone, host-wide (minirl/sandbox.py: `lease_uids`), so judges of several ranks, or eval.py beside train.py,
+alone, host-wide (minirl/sandbox_host.py: `lease_uids`), so judges of several ranks, or eval.py beside train.py,
 never touch each other's programs. Each uid keeps one sandbox open for the Judge's life (`WorkerSandbox`:
 each test a fresh process, in namespaces of its own, with fresh /work and /tmp), so a test costs a fork and an
 exec, not a whole sandbox.
@@ -37,7 +37,8 @@ from pathlib import Path
 
 from minirl.cgroup import Cgroups
 from minirl.compile import pch_dir
-from minirl.sandbox import WorkerSandbox, isolation_mode, lease_uids
+from minirl.sandbox import WorkerSandbox, isolation_mode
+from minirl.sandbox_host import lease_uids
 from minirl.verdict import (CXX_FLAGS, LANGUAGES, VERDICTS, Job, JudgeResult, Worker, judge_error,  # noqa: F401
                             judge_job, outputs_match, prepare)
 

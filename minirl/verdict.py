@@ -30,8 +30,8 @@ from pathlib import Path
 
 from minirl.cgroup import Cgroups
 from minirl.compile import MESSAGE_LIMIT, compile_cpp, tail
-from minirl.sandbox import (OUTPUT_LIMIT_BYTES, WorkerSandbox, cache_dir, isolation_mode, lease_uids, remove_tree,
-                            run_sandboxed)
+from minirl.sandbox import OUTPUT_LIMIT_BYTES, WorkerSandbox, isolation_mode, run_sandboxed
+from minirl.sandbox_host import cache_dir, lease_uids, remove_tree
 
 log = logging.getLogger(__name__)
 VERDICTS = ("AC", "WA", "TLE", "MLE", "RE", "CE", "OLE")

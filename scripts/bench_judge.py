@@ -130,7 +130,7 @@ def main() -> None:
         t_naive[lang], cpu_naive[lang] = time.perf_counter() - t0, machine_cpu_s() - c0
 
     from minirl.judge import Judge
-    from minirl.sandbox import cache_dir
+    from minirl.sandbox_host import cache_dir
     cache = Path(tempfile.mkdtemp(prefix="bench-", dir=cache_dir()))  # an empty binary cache
     os.environ["MINIRL_JUDGE_CACHE"] = str(cache)
     results, t_minirl, cpu_minirl = {}, {}, {}

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import ROOT, SHARED
 from minirl.judge import Judge, outputs_match
-from minirl.sandbox import cache_dir, lease_folder, lease_uids, remove_tree
+from minirl.sandbox_host import cache_dir, lease_folder, lease_uids, remove_tree
 
 AB = [{"input": "1 2\n", "output": "3"}]
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox's namespaces need root")
@@ -444,7 +444,7 @@ def test_garbage_output_is_compared_without_decoding_it(judge, prefix):
 def test_two_judges_on_one_host_lease_disjoint_uids_never_an_accounts(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIRL_JUDGE_LEASES", str(tmp_path))  # both processes; no other judge can race the check
     holder = subprocess.Popen([sys.executable, "-c", "import sys; sys.path.insert(0, %r)\n"
-                               "from minirl.sandbox import lease_uids\n"
+                               "from minirl.sandbox_host import lease_uids\n"
                                "uids = lease_uids(3); print(*uids.uids, flush=True); sys.stdin.read()" % str(ROOT)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
