@@ -1,21 +1,21 @@
 """Compile C++ in the sandbox, against a forced-include precompiled <bits/stdc++.h>, with a capped cache.
 
-    binary, message, seconds = compile_cpp(source, ("-std=c++17", "-O2"), uid, mode, cgroups)
+    binary, message, seconds = compile_cpp(source, ("-std=c++17", "-O2"), uid, mode, cgroups, keep=job / "main")
 
-Every source is compiled with `-include bits/stdc++.h` against a PCH built once per flag set and machine
-(g++ 12: ~1.3 s -> ~0.3 s for a typical contest source; a source that includes only what it needs gets the same
-speed-up instead of ~0.6 s of parsing its own headers). The PCH's header is GCC's own without <future> and
-<filesystem> (PCH_LEFT_OUT): a PCH saves parsing, not the instantiation of the header's pending templates,
-which g++ redoes in every compile, and those two headers are half of that (0.22 -> 0.11 s for an empty
-program) while contest programs do not use them. The copy sits first on the include path, so a source's own
-`#include <bits/stdc++.h>` gets it too. (So the judge is a little more lenient than g++: a global named `future`
-beside `using namespace std;` compiles, where g++ with the whole header calls the name ambiguous.) A forced include can clash with a source (it declares `y1`, `index`,
-...), and a source may use what was left out: a compile error under it is never final, the source is compiled
-again the plain way (system headers, no PCH). Results are cached by hash of (flags, source): binaries, and
+Every source is compiled with `-include bits/stdc++.h` against a PCH built once per flag set and machine (g++ 12:
+~1.3 s -> ~0.3 s for a typical contest source; a source that includes only what it needs gets the same speed-up
+instead of ~0.6 s of parsing its own headers). The PCH's header is GCC's own without <future> and <filesystem>
+(PCH_LEFT_OUT): a PCH saves parsing, not the instantiation of the header's pending templates, which g++ redoes in
+every compile, and those two headers are half of that (0.22 -> 0.11 s for an empty program) while contest programs
+do not use them. The copy sits first on the include path, so a source's own `#include <bits/stdc++.h>` gets it too.
+(So the judge is a little more lenient than g++: a global named `future` beside `using namespace std;` compiles,
+where g++ with the whole header calls the name ambiguous.) A forced include can clash with a source (it declares
+`y1`, `index`, ...), and a source may use what was left out: a compile error under it is never final, the source is
+compiled again the plain way (system headers, no PCH). Results are cached by hash of (flags, source): binaries, and
 compile errors too, so a compile bomb costs its time limit once, not on every resubmission. The cache is root's
-alone (0700), capped at MINIRL_JUDGE_CACHE_MB (default 2048) by evicting the least recently used. The compiler
-runs in the same sandbox as programs but with its own limits (COMPILE_*): a correct program with a large
-constant table must not get CE from the programs' 64 MiB output limit.
+alone (0700), capped at MINIRL_JUDGE_CACHE_MB (default 2048) by evicting the least recently used. The compiler runs
+in a one-shot sandbox, as programs do, but with its own limits (COMPILE_*): a correct program with a large constant
+table must not get CE from the programs' 64 MiB output limit.
 """
 from __future__ import annotations
 
@@ -148,13 +148,17 @@ def _store(key: str, built: Path | None, message: str) -> Path | None:
 
 # --- compiling ---------------------------------------------------------------------------------------------------
 
-def compile_cpp(source: str, flags: tuple[str, ...], uid: int, mode: str,
-                cgroups: Cgroups | None = None) -> tuple[Path | None, str, float]:
-    """Binary path (or None), compiler message, seconds spent compiling (0 when cached)."""
+def compile_cpp(source: str, flags: tuple[str, ...], uid: int, mode: str, cgroups: Cgroups | None = None,
+                keep: Path | None = None) -> tuple[Path | None, str, float]:
+    """Binary path (or None), compiler message, seconds spent compiling (0 when cached). With `keep`, the binary
+    is also linked there and that path returned: the caller's own, whatever the cache evicts later (a hit evicted
+    before it could be linked is compiled again)."""
     key = hashlib.sha256(("\0".join(flags) + "\0" + source).encode()).hexdigest()
     binary, error = _cached(key)
-    if binary is not None or error is not None:
-        return binary, error or "", 0.0
+    if error is not None:
+        return None, error, 0.0
+    if binary is not None and (keep is None or _link(binary, keep)):
+        return keep or binary, "", 0.0
     pch = pch_dir(flags)
     work = Path(tempfile.mkdtemp(prefix="cc-", dir=cache_dir()))
     try:
@@ -168,9 +172,24 @@ def compile_cpp(source: str, flags: tuple[str, ...], uid: int, mode: str,
         seconds = time.perf_counter() - t0
         if rc == SANDBOX_ERROR:
             return None, message, seconds
-        return _store(key, work / "main" if rc == 0 else None, message), message, seconds
+        if rc == 0 and keep is not None:       # a copy: the build is the compiling uid's, the copy root's
+            shutil.copy(work / "main", keep)
+            os.chmod(keep, 0o755)
+        stored = _store(key, work / "main" if rc == 0 else None, message)
+        return (keep or stored) if rc == 0 else None, message, seconds
     finally:
         remove_tree(work)
+
+
+def _link(src: Path, dest: Path) -> bool:
+    """Hard-link (or copy, across filesystems) `src` to `dest`; False if `src` is gone."""
+    try:
+        os.link(src, dest)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        shutil.copy(src, dest)
+    return True
 
 
 def _run_compiler(work: Path, flags: tuple[str, ...], pch: Path | None, uid: int, mode: str,

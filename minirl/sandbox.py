@@ -8,14 +8,14 @@
     box = WorkerSandbox(uid, cgroup)                  # "namespaces": one sandbox, many runs, one at a time
     r = box.run(["./main"], ("main", binary), rundir, "t0", rundir / "t0.in", time_limit_s=2, memory_mb=256)
 
-The judge (minirl/verdict.py, minirl/judge.py) decides verdicts; this file only runs things. The sandbox itself is minirl/sandbox.c
-(compiled once per machine), which says what a program sees: in "namespaces" mode (root, the normal case) a new
-root holding read-only /usr and /lib*, a minimal /etc and /dev, /proc of its own PID namespace, and an empty
-/work on a tmpfs bounded by the memory limit; no network, a seccomp filter, an unprivileged uid leased for this
-Judge alone. A cgroup per run (minirl/cgroup.py, when writable) counts memory outside the address space and the
-CPU time of every descendant; without one, sandbox.c's init still kills and reaps every descendant and reports
-their CPU time. "uid" (root, no namespaces): uid, rlimits, seccomp and the kill-and-reap, but the host's files
-are visible. "rlimits" (not root): rlimits and a process group only. Judge untrusted code only with
+The judge (minirl/verdict.py, minirl/judge.py) decides verdicts; this file only runs things. The sandbox itself is
+minirl/sandbox.c (compiled once per machine), which says what a program sees: in "namespaces" mode (root, the
+normal case) a new root holding read-only /usr and /lib*, a minimal /etc and /dev, /proc of its own PID namespace,
+and an empty /work on a tmpfs bounded by the memory limit; no network, a seccomp filter, an unprivileged uid leased
+for this Judge alone. A cgroup per run (minirl/cgroup.py, when writable) counts memory outside the address space
+and the CPU time of every descendant; without one, sandbox.c's init still kills and reaps every descendant and
+reports their CPU time. "uid" (root, no namespaces): uid, rlimits, seccomp and the kill-and-reap, but the host's
+files are visible. "rlimits" (not root): rlimits and a process group only. Judge untrusted code only with
 "namespaces". README, section isolation, lists what holds in each case.
 """
 from __future__ import annotations
@@ -95,17 +95,18 @@ def isolation_mode(uid: int) -> str:
 
 # --- one run -----------------------------------------------------------------------------------------------------
 
-def _limits(uid: int, time_limit_s: float, memory_mb: int, output_limit: int) -> list[str]:
-    """sandbox.c's options for the uid and the rlimits of one run."""
-    cpu_s = max(1, math.ceil(time_limit_s)) + 1      # RLIMIT_CPU per process; the total is checked by the judge
-    return ["-u", str(uid), "-t", str(cpu_s), "-m", str(memory_mb << 20), "-f", str(output_limit + 1),
-            "-p", str(NPROC)]
+def _rlimits(time_limit_s: float, memory_mb: int, output_limit: int) -> tuple[int, int, int]:
+    """RLIMIT_CPU (per process; the total is checked by the judge), RLIMIT_AS and RLIMIT_FSIZE of one run."""
+    return max(1, math.ceil(time_limit_s)) + 1, memory_mb << 20, output_limit + 1
 
 
-def _join(cg: RunCgroup, memory_mb: int) -> list[str]:
-    """Set a run's cgroup limits (memory: 64 MiB more, for page cache and kernel memory) and the options that
-    make the sandbox join it."""
+def _begin(cg: RunCgroup, memory_mb: int) -> None:
+    """A run's cgroup limits (memory: 64 MiB more, for page cache and kernel memory) and counters' start."""
     cg.begin((memory_mb + 64) << 20, NPROC)
+
+
+def _joins(cg: RunCgroup) -> list[str]:
+    """sandbox.c's options that make it join the cgroup."""
     return [a for p in cg.procs for a in ("-g", p)]
 
 
@@ -134,15 +135,17 @@ def run_sandboxed(argv: list[str], rundir: Path, name: str, *, uid: int, time_li
     if cgroups is not None:
         try:
             cg = cgroups.run(f"u{uid}")
-            opts += _join(cg, memory_mb)
+            _begin(cg, memory_mb)
+            opts += _joins(cg)
         except OSError as e:
             log.warning("no cgroup for this run (%s): rlimits only", e)
             cg = None
+    cpu_s, mem, fsize = _rlimits(time_limit_s, memory_mb, output_limit)
     if helper:
-        cmd = [helper, *_limits(uid, time_limit_s, memory_mb, output_limit), "-r", str(report), *opts, "--", *argv]
+        cmd = [helper, "-u", str(uid), "-t", str(cpu_s), "-m", str(mem), "-f", str(fsize), "-p", str(NPROC),
+               "-r", str(report), *opts, "--", *argv]
     else:
-        cpu_s, mem = max(1, math.ceil(time_limit_s)) + 1, memory_mb << 20
-        cmd = ["prlimit", f"--cpu={cpu_s}", f"--as={mem}", f"--stack={mem}", f"--fsize={output_limit + 1}",
+        cmd = ["prlimit", f"--cpu={cpu_s}", f"--as={mem}", f"--stack={mem}", f"--fsize={fsize}",
                "--core=0", f"--nproc={NPROC}", "--nofile=64", "--", *argv]
     env = {**ENV, "HOME": "/work" if mode == "namespaces" else cwd}
     try:
@@ -201,7 +204,7 @@ class WorkerSandbox:
         self._files.mkdir(mode=0o700)
         opts = ["-u", str(uid), "-p", str(NPROC), "-i", str(_new_root(cache)), "-b", f"{self._files}:/.run/bin",
                 "-c", str(theirs.fileno())]
-        opts += [a for p in cgroup.procs for a in ("-g", p)] if cgroup else []
+        opts += _joins(cgroup) if cgroup else []
         self._errors = cache / f"sandbox-{uid}-{os.getpid()}.err"   # the sandbox's own failures
         try:
             with open(self._errors, "wb") as err:
@@ -224,12 +227,11 @@ class WorkerSandbox:
         cgroup = self.cgroup
         if cgroup is not None:
             try:
-                cgroup.begin((memory_mb + 64) << 20, NPROC)   # this run's limits, the counters' starting values
+                _begin(cgroup, memory_mb)
             except OSError as e:                          # v1: a limit below what is still charged (EBUSY)
                 log.warning("no cgroup for this run (%s): rlimits only", e)
                 cgroup = None
-        limits = _limits(self.uid, time_limit_s, memory_mb, output_limit)
-        fields = [limits[3], limits[5], limits[7], str(memory_mb), file[0], *argv]   # -t, -m, -f values
+        fields = [*map(str, _rlimits(time_limit_s, memory_mb, output_limit)), str(memory_mb), file[0], *argv]
         staged = self._files / file[0]
         staged.unlink(missing_ok=True)
         try:

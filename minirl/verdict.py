@@ -21,7 +21,6 @@ import math
 import mmap
 import os
 import re
-import shutil
 import signal
 import tempfile
 import threading
@@ -227,21 +226,12 @@ def prepare(source: str, language: str, tests: list[dict], time_limit_s: float =
             os.chmod(root, 0o711)  # each test's work folder (0700, the uid running it) is inside
         compile_s = 0.0
         if language == "cpp":
-            for attempt in range(2):
-                binary, message, compile_s = compile_cpp(source, tuple(cxx_flags), uid, mode, cgroups)
-                if binary is None:
-                    remove_tree(root)
-                    return JudgeResult("CE", 0, len(tests), message=message[:MESSAGE_LIMIT], compile_s=compile_s)
-                try:                   # the job's own link: the cache may evict the binary while tests run
-                    os.link(binary, own / "main")
-                    break
-                except FileNotFoundError:
-                    if attempt:        # evicted between the cache's answer and here, twice
-                        raise
-                except OSError:
-                    shutil.copy(binary, own / "main")
-                    break
-            argv, files = ["./main"], {"main": own / "main"}
+            # the job's own link to its binary: the cache may evict it while the tests run
+            binary, message, compile_s = compile_cpp(source, tuple(cxx_flags), uid, mode, cgroups, keep=own / "main")
+            if binary is None:
+                remove_tree(root)
+                return JudgeResult("CE", 0, len(tests), message=message[:MESSAGE_LIMIT], compile_s=compile_s)
+            argv, files = ["./main"], {"main": binary}
         else:
             message = _python_syntax_error(source)
             if message:
