@@ -6,11 +6,12 @@ PY := $(VENV)/bin/python
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt requirements-nodeps.txt
+$(VENV)/.installed: requirements.txt requirements-nodeps.txt pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements.txt
 	$(VENV)/bin/pip install -q --no-deps -r requirements-nodeps.txt
+	$(VENV)/bin/pip install -q --no-deps -e .
 	touch $@
 
 demo: setup

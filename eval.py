@@ -24,7 +24,7 @@ from tqdm import tqdm
 from minirl.cli import exit_on_user_error
 from minirl.data import load_rows
 from minirl.evaluate import evaluate, summarize
-from minirl.policy import load_model, load_tokenizer, pick_attn_implementation, pick_dtype, resolve_model_path
+from minirl.models import load_model, load_tokenizer, pick_attn_implementation, pick_dtype, resolve_model_path
 from minirl.rewards import is_code
 
 

@@ -39,9 +39,9 @@ from minirl.distributed import (all_reduce_max, all_reduce_min, all_reduce_sum, 
 from minirl.evaluate import evaluate
 from minirl.critic import critic_forward_backward, critic_values, load_critic
 from minirl.loss import gae, group_advantages, kl_penalty, outcome_token_rewards, whiten
-from minirl.policy import (add_lora, autocast, batched_logprobs, config_dtype, load_model, load_tokenizer,
-                           pick_attn_implementation, pick_dtype, resolve_model_path)
-from minirl.reference import adapter_disabled, load_reference
+from minirl.models import add_lora, autocast, config_dtype, load_model, load_tokenizer, pick_attn_implementation, pick_dtype, resolve_model_path
+from minirl.logprobs import batched_logprobs
+from minirl.models import adapter_disabled, load_reference
 from minirl.judge import Judge
 from minirl.rewards import is_code, load_reward_fn, overlong_penalty, score
 from minirl.rollout import Rollout, concat_rollouts, sample, select_groups

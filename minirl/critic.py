@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from minirl.loss import value_loss
-from minirl.policy import load_model, position_ids_from_mask
+from minirl.models import load_model
+from minirl.logprobs import position_ids_from_mask
 
 
 class ValueModel(nn.Module):

@@ -120,7 +120,7 @@ def shard(model, compute_dtype: torch.dtype = torch.float32) -> None:
     to `compute_dtype` for forward/backward and reduces gradients in fp32 (so small updates are not lost)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
-    from minirl.policy import _token_logprobs_unsharded
+    from minirl.logprobs import _token_logprobs_unsharded
     root = _root(model)
     low = compute_dtype != torch.float32
     mp = MixedPrecisionPolicy(param_dtype=compute_dtype if low else None, reduce_dtype=torch.float32 if low else None)

@@ -169,7 +169,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     - "importance_sampling": -ratio * A, the unclipped REINFORCE-with-importance-weights surrogate.
     - "cross_entropy": -A * logp, the weighted negative log-likelihood (old_logp unused): SFT with A = 1 and the
       weights in `mask`; with A = -dL/dlogp it is the linear surrogate whose gradient is that of any loss L of
-      the log-probs (the sessions API's forward_backward_custom, minirl/session.py).
+      the log-probs (the sessions API's forward_backward_custom, minirl/sessions/client.py).
     Returns (scalar loss aggregated by `aggregate`, metrics: pg_clipfrac, ppo_kl (mean old_logp - logp)).
     """
     if advantages.dim() == 1:

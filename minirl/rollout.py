@@ -96,7 +96,7 @@ def sampling_processors(temperature: float, top_p: float, top_k: int) -> list:
 def sample(model, tokenizer, prompts: list[str] | list[list[int]], group_size: int, max_new_tokens: int,
            temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False) -> Rollout:
     """Generate `group_size` completions for each prompt: strings (chat template already applied) or token
-    lists (the sessions API's prompts, minirl/session.py), left-padded the same way."""
+    lists (the sessions API's prompts, minirl/sessions/client.py), left-padded the same way."""
     from transformers import GenerationConfig
 
     device = next(model.parameters()).device

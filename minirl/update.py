@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from minirl.loss import aggregate, kl_penalty, policy_loss
-from minirl.policy import token_logprobs
+from minirl.logprobs import token_logprobs
 
 
 @dataclass

@@ -7,8 +7,8 @@ trainer with bounded staleness (the SageMaker training-sessions `code_rl` recipe
         --max_steps_off_policy 3 --stale_policy requeue --num_rollout_workers 4
     python recipes/code_rl.py --env math --steps 5                            # tiny model, toy arithmetic
 
-Each step trains B groups of G episodes (minirl/episodes.py; CodeEnv: up to --max_turns turns, check_solution
-on the public tests, reward 1/0/-0.1 on the private tests). Rollout workers (minirl/overlap.py) keep sampling
+Each step trains B groups of G episodes (minirl/agentic/episodes.py; CodeEnv: up to --max_turns turns, check_solution
+on the public tests, reward 1/0/-0.1 on the private tests). Rollout workers (minirl/agentic/overlap.py) keep sampling
 and judging while the trainer steps, at most --max_steps_off_policy policy versions ahead; older groups are
 requeued or dropped. Each group's forward_backward is submitted as soon as the group is ready (streaming), with
 a normaliser known in advance (Dr. GRPO's constant, B*G*max_tokens), and the loss (cispo by default) corrects
@@ -23,16 +23,16 @@ from __future__ import annotations
 import argparse
 import time
 
-import common  # noqa: F401  (puts the repository on sys.path)
+import common  # noqa: F401  (the options every recipe shares)
 import torch
 
 from common import ROOT
 from minirl.data import load_rows, prompt_indices
-from minirl.env import CodeEnv, MathEnv
-from minirl.episodes import episode_datum, run_episodes
+from minirl.agentic.env import CodeEnv, MathEnv
+from minirl.agentic.episodes import episode_datum, run_episodes
 from minirl.judge import Judge
-from minirl.overlap import RolloutPool
-from minirl.session import AdamParams, SamplingParams, ServiceClient
+from minirl.agentic.overlap import RolloutPool
+from minirl.sessions import AdamParams, SamplingParams, ServiceClient
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -1,20 +1,18 @@
-"""What the recipes on the sessions API share: the repository on sys.path, prompts as tokens, held-out accuracy,
+"""What the recipes on the sessions API share: prompts as tokens, held-out accuracy,
 their data options and their ending."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+import torch
 
-from minirl.data import prompt_text  # noqa: E402
-from minirl.distributed import all_reduce_sum  # noqa: E402
-from minirl.rewards import gsm8k_reward  # noqa: E402
-from minirl.session import SamplingClient, SamplingParams  # noqa: E402
+from minirl.data import prompt_text
+from minirl.distributed import all_reduce_sum
+from minirl.rewards import gsm8k_reward
+from minirl.sessions import SamplingClient, SamplingParams
 
 
 def prompt_tokens(tokenizer, row: dict) -> list[int]:

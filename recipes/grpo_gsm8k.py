@@ -1,4 +1,4 @@
-"""GRPO on GSM8K, written as a loop over the sessions API (minirl/session.py), as in Tinker's minimal RL loop.
+"""GRPO on GSM8K, written as a loop over the sessions API (minirl/sessions/client.py), as in Tinker's minimal RL loop.
 
     python recipes/grpo_gsm8k.py                                  # the toy task and tiny model, CPU, a minute
     python recipes/grpo_gsm8k.py --model /path/to/Qwen2.5-0.5B-Instruct --lora_rank 32 --lr 4e-5 \\
@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 
-import common  # puts the repository on sys.path; the options and ending every recipe shares
+import common  # the options and ending every recipe shares
 import torch
 
 from common import accuracy, answer_of, prompt_tokens
 from minirl.data import load_rows, prompt_indices
 from minirl.rewards import gsm8k_reward
-from minirl.session import AdamParams, Datum, SamplingParams, ServiceClient
+from minirl.sessions import AdamParams, Datum, SamplingParams, ServiceClient
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

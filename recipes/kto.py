@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import random
 
-import common  # puts the repository on sys.path; the options and ending every recipe shares
+import common  # the options and ending every recipe shares
 import torch
 
 from common import accuracy, answer_of, prompt_tokens
 from minirl.data import load_rows
 from minirl.rewards import gsm8k_reward
-from minirl.session import AdamParams, Datum, SamplingParams, ServiceClient
+from minirl.sessions import AdamParams, Datum, SamplingParams, ServiceClient
 
 
 def kto_loss(logp: torch.Tensor, ref_logp: torch.Tensor, kl_logp: torch.Tensor, kl_ref_logp: torch.Tensor,

@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import random
 
-import common  # puts the repository on sys.path; the options and ending every recipe shares
+import common  # the options and ending every recipe shares
 
 from common import accuracy, answer_of, prompt_tokens
 from minirl.data import load_rows
-from minirl.session import AdamParams, Datum, ServiceClient
+from minirl.sessions import AdamParams, Datum, ServiceClient
 
 
 def target_text(row: dict) -> str:

@@ -30,13 +30,11 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 PYTHON = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or "python3"
 CORES = len(os.sched_getaffinity(0))
 
@@ -130,7 +128,7 @@ def main() -> None:
         t_naive[lang], cpu_naive[lang] = time.perf_counter() - t0, machine_cpu_s() - c0
 
     from minirl.judge import Judge
-    from minirl.sandbox_host import cache_dir
+    from minirl.judge.host import cache_dir
     cache = Path(tempfile.mkdtemp(prefix="bench-", dir=cache_dir()))  # an empty binary cache
     os.environ["MINIRL_JUDGE_CACHE"] = str(cache)
     results, t_minirl, cpu_minirl = {}, {}, {}

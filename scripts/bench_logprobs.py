@@ -31,8 +31,7 @@ def measure(method: str, vocab: int, seq: int, hidden: int) -> dict:
     import time
 
     import torch
-    sys.path.insert(0, str(ROOT))
-    from minirl.policy import chunked_logprobs
+    from minirl.logprobs import chunked_logprobs
 
     torch.manual_seed(0)
     h = (torch.randn(1, seq, hidden) * 0.5).requires_grad_()

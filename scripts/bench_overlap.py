@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "recipes"))
 
-import torch  # noqa: E402
+import torch
 
-from minirl.env import MathEnv  # noqa: E402
-from minirl.judge import Judge  # noqa: E402
-from minirl.rewards import extract_gsm8k_answer  # noqa: E402
+from minirl.agentic.env import MathEnv
+from minirl.judge import Judge
+from minirl.rewards import extract_gsm8k_answer
 
 
 class JudgedArithmeticEnv(MathEnv):

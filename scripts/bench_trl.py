@@ -39,11 +39,10 @@ B, G, NEW_TOKENS, KL, LR, THREADS = 8, 8, 64, 0.04, 1e-5, 2
 
 def build_model(out: Path) -> None:
     """The random Qwen2 of the issue, with the toy tokenizer (ids < 2048), saved in fp32."""
-    sys.path.insert(0, str(ROOT))
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from minirl.tiny import tiny_model_path
+    from minirl.toy.tiny import tiny_model_path
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path())
     assert len(tokenizer) <= 2048
     config = Qwen2Config(vocab_size=2048, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
@@ -57,7 +56,6 @@ def build_model(out: Path) -> None:
 
 def run_minirl(model: Path, steps: int, out: Path) -> list[dict[str, float]]:
     """minirl's train.py on the issue's configuration; per-step stage times from its metrics.jsonl."""
-    sys.path.insert(0, str(ROOT))
     import torch
     torch.set_num_threads(THREADS)
     import train

@@ -6,10 +6,6 @@ Its outputs are noise, but its shapes (hidden size, layers, heads, 152k vocabula
 model, so generation and training throughput are representative.
 """
 import argparse
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SIZES = {  # Qwen2.5 shapes
     "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -27,7 +23,7 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from minirl.tiny import tiny_model_path
+    from minirl.toy.tiny import tiny_model_path
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path())
     config = Qwen2Config(vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **SIZES[args.size])

@@ -3,11 +3,9 @@
     python scripts/make_toy_data.py            # data/arith_train.jsonl (5000 rows), data/arith_test.jsonl (200)
 """
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from minirl.tiny import arithmetic_rows  # noqa: E402
+from minirl.toy.tiny import arithmetic_rows
 
 out = Path(__file__).resolve().parents[1] / "data"
 for name, n, seed in [("arith_train", 5000, 1), ("arith_test", 200, 2)]:

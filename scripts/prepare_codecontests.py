@@ -214,7 +214,6 @@ def main() -> None:
             sys.exit(f"missing input {path}")
         verify_this = args.verify if args.verify is not None else _has_solutions(path)
         if verify_this and judge is None:
-            sys.path.insert(0, str(ROOT))
             from minirl.judge import Judge
             judge = Judge()
         rows, dropped = prepare(path, args.language, args.split, args.max_tests, judge if verify_this else None)

@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from minirl.data import GSM8K_SOURCE, MATH_SOURCE, gsm8k_row, math_row  # noqa: E402
+from minirl.data import GSM8K_SOURCE, MATH_SOURCE, gsm8k_row, math_row
 
 SPLITS = [  # (output name, input files, converter, split, data_source)
     ("gsm8k_train", ["gsm8k/train.jsonl"], "gsm8k", "train", GSM8K_SOURCE),

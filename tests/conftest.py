@@ -1,16 +1,16 @@
 """Shared fixtures: everything offline, tiny models built from configs (nothing from a hub)."""
 import os
-import sys
 from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"          # a hub call fails in 2 s instead of hanging for 48 s
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 SHARED = ROOT.parent / "shared" / "data"
+# the tests' helper programs (torchrun workers) import train.py from the repository root
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 torch.set_num_threads(2)
 
@@ -18,20 +18,20 @@ torch.set_num_threads(2)
 @pytest.fixture(scope="session")
 def tiny_path() -> Path:
     """The built-in toy model (built once into ~/.cache/minirl or $MINIRL_CACHE)."""
-    from minirl.tiny import tiny_model_path
+    from minirl.toy.tiny import tiny_model_path
     return tiny_model_path()
 
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_path):
-    from minirl.policy import load_tokenizer
+    from minirl.models import load_tokenizer
     return load_tokenizer(str(tiny_path))
 
 
 @pytest.fixture()
 def random_model(tiny_tokenizer):
     """A freshly initialised 4-layer Qwen2 with the toy vocabulary (random weights, fp32)."""
-    from minirl.tiny import build_model
+    from minirl.toy.tiny import build_model
     return build_model(len(tiny_tokenizer), seed=0, eos_id=tiny_tokenizer.eos_token_id,
                        pad_id=tiny_tokenizer.pad_token_id)
 

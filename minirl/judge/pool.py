@@ -1,0 +1,211 @@
+"""A sandboxed judge for model-written C++ and Python programs, run by a pool of workers.
+
+    judge = Judge()                                     # workers: this process's share of the cores
+    res = judge.run(source, "cpp", tests=[{"input": "1 2\\n", "output": "3"}], time_limit_s=2, memory_limit_mb=256)
+    res.verdict, res.passed, res.total                  # "AC" | "WA" | "TLE" | "MLE" | "RE" | "CE" | "OLE"
+    results = judge.run_many([dict(source=..., language="python", tests=...), ...])   # parallel, order kept
+
+    python -m minirl.judge --language cpp --source sol.cpp --tests tests.json [--time-limit-s 2] [--memory-limit-mb 256]
+
+The pool: `workers` threads (default: this process's share of the cores, `cores // LOCAL_WORLD_SIZE`), each
+driving one sandboxed process at a time (compiler or program): the work happens in those processes, so threads
+give the parallelism without a process pool's pitfalls. Each worker runs as a sandbox uid leased for this Judge
+alone, host-wide (minirl/judge/host.py: `lease_uids`), so judges of several ranks, or eval.py beside train.py,
+never touch each other's programs. Each uid keeps one sandbox open for the Judge's life (`WorkerSandbox`:
+each test a fresh process, in namespaces of its own, with fresh /work and /tmp), so a test costs a fork and an
+exec, not a whole sandbox.
+
+Speed: C++ is compiled once per unique (source, flags), against a force-included precompiled <bits/stdc++.h>
+(minirl/judge/compile.py); binaries and compile errors are cached by hash. Jobs run in parallel, and a worker with no
+program left to start takes the not yet started tests of one still running, so the last programs of a batch do
+not run alone on one core. One program's verdict (compiling, running its tests, comparing outputs, the result
+the sequential judge gives whatever order its tests ran in) is minirl/judge/verdict.py; this file is the pool.
+
+Failures are verdicts: whatever a program does, `run`/`run_many` return a result for it (a failure of the judge
+itself on one job is logged and returned as RE); only a call the caller got wrong (an unknown language) raises.
+
+Isolation: minirl/judge/sandbox.c and sandbox.py (a new root per program, seccomp, cgroups, leased uids; `Judge.isolation`
+says which mode this machine allows, the README what each guarantees).
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+from pathlib import Path
+
+from minirl.judge.cgroup import Cgroups
+from minirl.judge.compile import pch_dir
+from minirl.judge.sandbox import WorkerSandbox, isolation_mode
+from minirl.judge.host import lease_uids
+from minirl.judge.verdict import (CXX_FLAGS, LANGUAGES, VERDICTS, Job, JudgeResult, Worker, judge_error,  # noqa: F401
+                            judge_job, outputs_match, prepare)
+
+
+# --- the pool --------------------------------------------------------------------------------------------
+
+def default_workers() -> int:
+    """This process's share of the cores: torchrun starts LOCAL_WORLD_SIZE judging processes per host."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+class _Batch:
+    """One `run_many` call's work: jobs not started yet, jobs being prepared, and prepared jobs whose tests
+    idle workers may take."""
+
+    def __init__(self, jobs: list[dict]):
+        self.jobs = jobs
+        self.results: list[JudgeResult | None] = [None] * len(jobs)
+        self._cond = threading.Condition()
+        self._next = 0            # the next job to start
+        self._preparing = 0       # jobs being compiled: their tests may soon be shared
+        self._running: list[Job] = []
+
+    def next_work(self) -> int | Job | None:
+        """The index of a job to start; else the running job with most tests left to take; else None once no
+        more work can come (while a job is still being prepared, wait for it: its tests may be shared)."""
+        with self._cond:
+            while True:
+                if self._next < len(self.jobs):
+                    self._next += 1
+                    self._preparing += 1
+                    return self._next - 1
+                left = [(job.left(), job) for job in self._running]
+                self._running = [job for n, job in left if n]  # a job never gets more tests to hand out
+                if self._running:
+                    return max(left, key=lambda nj: nj[0])[1]
+                if not self._preparing:
+                    return None
+                self._cond.wait()
+
+    def prepared(self, job: Job | None) -> None:
+        """A job's preparation ended: its tests may be taken (None: it has none to run, e.g. CE)."""
+        with self._cond:
+            self._preparing -= 1
+            if job is not None:
+                self._running.append(job)
+            self._cond.notify_all()
+
+
+class Judge:
+    """A pool of worker threads that judge programs; reuse one across training steps. Each worker drives one
+    sandboxed process at a time with a uid leased for this Judge alone (flock, host-wide)."""
+
+    def __init__(self, workers: int | None = None, cxx_flags: tuple[str, ...] = CXX_FLAGS,
+                 cgroups: bool = True):
+        self.workers = workers or default_workers()
+        self.cxx_flags = tuple(cxx_flags)
+        self._lease = lease_uids(self.workers)
+        self.uids = list(self._lease.uids)  # this Judge's sandbox uids, its alone on this host
+        self._uids: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for uid in self._lease.uids:
+            self._uids.put(uid)
+        self.isolation = isolation_mode(self._lease.uids[0])
+        self.cgroups = Cgroups.detect() if cgroups and self.isolation != "rlimits" else None
+        self._boxes: dict[int, WorkerSandbox] = {}  # uid -> its sandbox, kept open across run_many calls
+        self._calls = 0                        # run_many calls in flight: close() waits for them
+        self._calls_done = threading.Condition()
+        pch_dir(self.cxx_flags)  # build the precompiled header once, up front
+
+    def run(self, source: str, language: str, tests: list[dict], time_limit_s: float = 2.0,
+            memory_limit_mb: int = 256, float_tolerance: float | None = None,
+            checker: dict | None = None) -> JudgeResult:
+        return self.run_many([dict(source=source, language=language, tests=tests, time_limit_s=time_limit_s,
+                                   memory_limit_mb=memory_limit_mb, float_tolerance=float_tolerance,
+                                   checker=checker)])[0]
+
+    def run_many(self, jobs: list[dict]) -> list[JudgeResult]:
+        """Judge many programs in parallel; results in the order of `jobs`."""
+        for job in jobs:
+            if job["language"] not in LANGUAGES:
+                raise ValueError(f"unsupported language {job['language']!r}; use 'cpp' or 'python'")
+        batch = _Batch(jobs)
+        threads = [threading.Thread(target=self._worker, args=(batch,), name=f"judge-{k}", daemon=True)
+                   for k in range(self.workers if jobs else 0)]
+        with self._calls_done:
+            self._calls += 1
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            with self._calls_done:
+                self._calls -= 1
+                self._calls_done.notify_all()
+        if any(r is None for r in batch.results):
+            raise RuntimeError("a judge worker died")  # a bug in the judge, not anything a program did
+        return batch.results
+
+    def _worker(self, batch: _Batch) -> None:
+        """Start jobs while any is left, then help running ones with their tests. The uid is this worker's for
+        its whole life: a test it takes from another job runs as it (and in its cgroup), never beside another
+        run of the same uid."""
+        uid = self._uids.get()  # as many uids as workers: waits only while another run_many's workers hold them
+        try:
+            worker = Worker(uid, self.cgroups, self._boxes)
+            while (work := batch.next_work()) is not None:
+                if isinstance(work, int):
+                    batch.results[work] = self._own(batch, work, worker)
+                elif (i := work.take()) is not None:
+                    work.run(i, worker)
+        finally:
+            self._uids.put(uid)
+
+    def _own(self, batch: _Batch, k: int, worker: Worker) -> JudgeResult:
+        """Prepare job `k`, share its tests with idle workers, run them and return its result."""
+        spec = batch.jobs[k]
+        job = None
+        try:
+            try:
+                prepared = prepare(**{"cxx_flags": self.cxx_flags, **spec, "mode": self.isolation,
+                                       "uid": worker.uid, "cgroups": self.cgroups})
+                if isinstance(prepared, JudgeResult):
+                    return prepared
+                job = prepared
+            finally:
+                batch.prepared(job)  # exactly once: idle workers wait on it
+            return job.own(worker)
+        except Exception as e:  # noqa: BLE001 -- one job must never stop a training run
+            return judge_error(e, len(spec["tests"]))
+
+    def close(self) -> None:
+        """Wait for run_many calls in flight (their sandboxes run as our uids), then close the sandboxes and release
+        the uids and cgroups."""
+        with self._calls_done:
+            self._calls_done.wait_for(lambda: self._calls == 0)
+        for box in self._boxes.values():
+            box.close()
+        if self.cgroups:
+            self.cgroups.close()
+        self._lease.release()
+
+    def __enter__(self) -> "Judge":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(description="Judge one program against tests; prints the result as JSON.")
+    ap.add_argument("--language", required=True, choices=["cpp", "python"])
+    ap.add_argument("--source", required=True, help="the program's file")
+    ap.add_argument("--tests", required=True, help='JSON file: [{"input": ..., "output": ...}, ...]')
+    ap.add_argument("--time-limit-s", type=float, default=2.0)
+    ap.add_argument("--memory-limit-mb", type=int, default=256)
+    ap.add_argument("--float-tolerance", type=float, default=None)
+    args = ap.parse_args(argv)
+    tests = json.loads(Path(args.tests).read_text())
+    with Judge(workers=1) as judge:
+        res = judge.run(Path(args.source).read_text(), args.language, tests, args.time_limit_s,
+                        args.memory_limit_mb, args.float_tolerance)
+        print(json.dumps({**res.to_dict(), "isolation": judge.isolation}, indent=2))
+    return 0 if res.verdict == "AC" else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,364 @@
+"""One program's verdict: compile or syntax-check it, run its tests in the sandbox, compare the output.
+
+    res = judge_job(source, "cpp", tests=[{"input": "1 2\\n", "output": "3"}], time_limit_s=2, memory_limit_mb=256)
+    res.verdict, res.passed, res.total                  # "AC" | "WA" | "TLE" | "MLE" | "RE" | "CE" | "OLE"
+
+`judge_job` judges one program in the calling thread; minirl/judge/pool.py's `Judge` runs many on a pool of workers
+with the same pieces: `prepare` (compile or syntax check, the run folder), a `Job` whose tests any worker may
+take, run as that worker's uid in the sandbox it keeps for the program (`Worker`), and the result as the
+sequential judge gives it, whatever order the tests ran in. C++ is compiled by minirl/judge/compile.py; programs run
+through minirl/judge/sandbox.py.
+
+Tests count in order up to the first TLE, where a program's testing stops (every later test would cost a full
+time limit, and both reward styles give the same reward from that point). Output is compared as bytes, token by
+token, and never decoded (a 64 MiB flood of garbage costs one token). Failures are verdicts: whatever a program
+does, a result comes back; a failure of the judge itself on one job is logged and returned as RE.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import mmap
+import os
+import re
+import signal
+import tempfile
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from minirl.judge.cgroup import Cgroups
+from minirl.judge.compile import MESSAGE_LIMIT, compile_cpp, tail
+from minirl.judge.sandbox import OUTPUT_LIMIT_BYTES, WorkerSandbox, isolation_mode, run_sandboxed
+from minirl.judge.host import cache_dir, lease_uids, remove_tree
+
+log = logging.getLogger(__name__)
+VERDICTS = ("AC", "WA", "TLE", "MLE", "RE", "CE", "OLE")
+CXX_FLAGS = ("-std=c++17", "-O2")
+PYTHON_SOURCE_LIMIT = 1 << 20      # compile() of a larger source in the judge's own process is not worth the risk
+LANGUAGES = {"cpp": "cpp", "c++": "cpp", "python": "python", "python3": "python"}
+
+
+@dataclass
+class JudgeResult:
+    verdict: str                   # overall: the first non-AC test's verdict, AC if all passed
+    passed: int                    # tests passed
+    total: int                     # tests in the job (tests skipped after a TLE count as not passed)
+    tests: list[dict] = field(default_factory=list)  # per test run: verdict, time_s, memory_mb
+    message: str = ""              # compiler error or the failing test's stderr, truncated
+    compile_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --- comparing -------------------------------------------------------------------------------------------
+
+_TOKEN = re.compile(rb"\S+")       # bytes.split()'s whitespace: space, \t, \n, \r, \v, \f
+
+
+def outputs_match(actual: bytes | str | mmap.mmap, expected: str, float_tolerance: float | None = None) -> bool:
+    """Token-wise and whitespace-insensitive, on bytes; stops at the first mismatch or the first token past the
+    expected ones, so 64 MiB of garbage costs one token. With a tolerance, numeric tokens match if both are
+    finite and |a-b| <= tol*max(1,|b|) (an expected "inf" must then be printed as the same token)."""
+    want = expected.encode().split()
+    actual = actual.encode() if isinstance(actual, str) else actual
+    n = 0
+    for m in _TOKEN.finditer(actual):
+        if n == len(want):
+            return False
+        x, y = m.group(), want[n]
+        n += 1
+        if x != y and not (float_tolerance is not None and _close(x, y, float_tolerance)):
+            return False
+    return n == len(want)
+
+
+def _close(x: bytes, y: bytes, tol: float) -> bool:
+    try:
+        fx, fy = float(x), float(y)
+    except ValueError:
+        return False
+    return math.isfinite(fx) and math.isfinite(fy) and abs(fx - fy) <= tol * max(1.0, abs(fy))
+
+
+def _output_matches(path: Path, expected: str, float_tolerance: float | None) -> bool:
+    """The program's output file against the expected text, mapped rather than read (never decoded)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return outputs_match(b"", expected, float_tolerance)
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return outputs_match(data, expected, float_tolerance)
+
+
+# --- one job ---------------------------------------------------------------------------------------------
+#
+# A job is judged in three pieces, the same for `judge_job` (one thread) and `Judge.run_many` (a pool whose
+# idle workers take tests of programs still running): `prepare` (compile or syntax check, the run folder),
+# `_run_test` (one test, under the uid of whichever worker runs it) and `_finish` (the result, as the
+# sequential judge gives it, whatever order the tests ran in).
+
+def _classify(r: dict, time_limit_s: float, memory_mb: int, output_limit: int) -> str | None:
+    """Verdict of a finished run, or None if it exited cleanly (then the output decides AC/WA)."""
+    rc = r["returncode"]
+    if r["timed_out"] or r["cpu_s"] > time_limit_s or rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
+        return "TLE"
+    if r["oom"]:
+        return "MLE"
+    if r["out"].stat().st_size > output_limit or rc in (-signal.SIGXFSZ, 128 + signal.SIGXFSZ):
+        return "OLE"
+    if rc != 0:
+        err = tail(r["err"], 20000)
+        near_limit = r["max_rss_mb"] is not None and r["max_rss_mb"] >= 0.95 * memory_mb
+        if "MemoryError" in err or "bad_alloc" in err or near_limit:
+            return "MLE"
+        return "RE"
+    return None
+
+
+def judge_job(source: str, language: str, tests: list[dict], time_limit_s: float = 2.0,
+              memory_limit_mb: int = 256, float_tolerance: float | None = None, checker: dict | None = None,
+              cxx_flags: tuple[str, ...] = CXX_FLAGS, mode: str | None = None, uid: int | None = None,
+              cgroups: Cgroups | None = None) -> JudgeResult:
+    """Compile (if needed) and run `source` on every test, in the calling thread. Never raises for anything a
+    program does: a failure of the judge itself on this job is logged and returned as RE."""
+    lease = lease_uids(1) if uid is None else None
+    try:
+        uid = lease.uids[0] if lease else uid
+        mode = isolation_mode(uid) if mode is None else mode
+        job = prepare(source, language, tests, time_limit_s, memory_limit_mb, float_tolerance, checker,
+                       cxx_flags, mode=mode, uid=uid, cgroups=cgroups)
+        if isinstance(job, JudgeResult):
+            return job
+        boxes: dict[int, WorkerSandbox] = {}
+        try:
+            return job.own(Worker(uid, cgroups, boxes))
+        finally:
+            for box in boxes.values():
+                box.close()
+    except Exception as e:  # noqa: BLE001 -- one job must never stop a training run
+        return judge_error(e, len(tests))
+    finally:
+        if lease:
+            lease.release()
+
+
+def judge_error(e: Exception, total: int) -> JudgeResult:
+    log.error("judge error on one job", exc_info=e)
+    return JudgeResult("RE", 0, total, message=f"judge error: {type(e).__name__}: {e}"[:MESSAGE_LIMIT])
+
+
+class Job:
+    """A prepared program whose tests any worker may run. Its owner (the worker that prepared it) takes tests
+    in index order until none is left; a worker with no program left to start takes the next ones too, so the
+    last programs of a batch do not run alone on one core. Outcomes are kept by index: `_finish` gives the
+    sequential judge's result whatever order they arrived in."""
+
+    def __init__(self, root: Path, tests: list[dict], argv: list[str], files: dict[str, Path], time_limit_s: float,
+                 memory_mb: int, float_tolerance: float | None, checker: dict | None, compile_s: float, mode: str,
+                 cgroups: Cgroups | None):
+        self.root, self.tests, self.argv, self.files = root, tests, argv, files
+        self.time_limit_s, self.memory_mb, self.float_tolerance, self.checker = \
+            time_limit_s, memory_mb, float_tolerance, checker
+        self.compile_s, self.mode, self.cgroups = compile_s, mode, cgroups
+        self.outcomes: dict[int, tuple[dict, str] | Exception] = {}  # test index -> (result, stderr) or error
+        self._cond = threading.Condition()
+        self._next = 0            # the next test to hand out
+        self._in_flight = 0       # tests handed out and not yet recorded: they use the run folder
+        self._stopped = False     # a TLE, a judge error or the owner finishing: later tests would not count
+
+    def left(self) -> int:
+        """Tests not handed out yet (0 once stopped)."""
+        with self._cond:
+            return 0 if self._stopped else len(self.tests) - self._next
+
+    def take(self) -> int | None:
+        """The next test's index for the caller to `run`, or None once all are taken or the job has stopped."""
+        with self._cond:
+            if self._stopped or self._next == len(self.tests):
+                return None
+            self._next += 1
+            self._in_flight += 1
+            return self._next - 1
+
+    def run(self, i: int, worker: Worker) -> None:
+        """Run taken test `i` as the calling worker and record its outcome. Never raises an Exception: a judge
+        error is recorded for `_finish` to report, and the test is never left counted as in flight, so the
+        owner cannot wait forever on a thread that died."""
+        outcome: tuple[dict, str] | Exception = RuntimeError(f"test {i} was interrupted")
+        try:
+            outcome = _run_test(self, i, worker)
+        except Exception as e:  # noqa: BLE001 -- becomes this job's verdict in _finish
+            outcome = e
+        finally:
+            with self._cond:
+                self.outcomes[i] = outcome
+                if isinstance(outcome, Exception) or outcome[0]["verdict"] == "TLE":
+                    self._stopped = True  # the sequential judge stops here: save the cores
+                self._in_flight -= 1
+                self._cond.notify_all()
+
+    def own(self, worker: Worker) -> JudgeResult:
+        """The owner's part: run tests until none is left to take, then the result (after the tests other
+        workers took have ended)."""
+        while (i := self.take()) is not None:
+            self.run(i, worker)
+        return _finish(self)
+
+    def wait_idle(self) -> None:
+        """Hand out no more tests and wait until none is in flight."""
+        with self._cond:
+            self._stopped = True
+            self._cond.wait_for(lambda: self._in_flight == 0)
+
+
+def prepare(source: str, language: str, tests: list[dict], time_limit_s: float = 2.0, memory_limit_mb: int = 256,
+             float_tolerance: float | None = None, checker: dict | None = None,
+             cxx_flags: tuple[str, ...] = CXX_FLAGS, *, mode: str, uid: int,
+             cgroups: Cgroups | None) -> JudgeResult | Job:
+    """Compile or syntax-check `source` and make its run folder: a job ready to run, or its result (CE)."""
+    language = LANGUAGES[language]
+    root = Path(tempfile.mkdtemp(prefix="run-", dir=cache_dir()))  # 0700: host-side files of this job
+    own = root / ".job"  # the program and checker: root's alone even where root/ is 0711 ("uid" mode)
+    try:
+        own.mkdir(mode=0o700)
+        if mode == "uid":
+            os.chmod(root, 0o711)  # each test's work folder (0700, the uid running it) is inside
+        compile_s = 0.0
+        if language == "cpp":
+            # the job's own link to its binary: the cache may evict it while the tests run
+            binary, message, compile_s = compile_cpp(source, tuple(cxx_flags), uid, mode, cgroups, keep=own / "main")
+            if binary is None:
+                remove_tree(root)
+                return JudgeResult("CE", 0, len(tests), message=message[:MESSAGE_LIMIT], compile_s=compile_s)
+            argv, files = ["./main"], {"main": binary}
+        else:
+            message = _python_syntax_error(source)
+            if message:
+                remove_tree(root)
+                return JudgeResult("CE", 0, len(tests), message=message[:MESSAGE_LIMIT])
+            (own / "main.py").write_text(source)
+            # -I (no user site, no environment), not -S: site defines exit() and quit(), which solutions call
+            argv, files = ["python3", "-I", "main.py"], {"main.py": own / "main.py"}
+        if checker and checker.get("language", "python").startswith("python"):
+            (own / "checker.py").write_text(checker["source"])  # once: tests may run at once and all read it
+        return Job(root, tests, argv, files, time_limit_s, memory_limit_mb, float_tolerance, checker, compile_s,
+                    mode, cgroups)
+    except BaseException:
+        remove_tree(root)
+        raise
+
+
+class Worker:
+    """A worker's uid and, in "namespaces" mode, its sandbox (minirl/judge/sandbox.py: `WorkerSandbox`), kept in
+    `boxes` (uid -> sandbox) by whoever holds the uid (a Judge: for its life) and made on first use, or again
+    after a test past its wall limit ended it. Its tests' cgroup ("u<uid>-tests") is the sandbox's alone."""
+
+    def __init__(self, uid: int, cgroups: Cgroups | None, boxes: dict[int, WorkerSandbox]):
+        self.uid, self.cgroups, self.boxes = uid, cgroups, boxes
+
+    def sandbox(self) -> WorkerSandbox:
+        box = self.boxes.get(self.uid)
+        if box is None or not box.alive:
+            cgroup = None
+            if self.cgroups is not None:
+                try:
+                    cgroup = self.cgroups.run(f"u{self.uid}-tests")
+                except OSError as e:
+                    log.warning("no cgroup for this worker's tests (%s): rlimits only", e)
+            box = self.boxes[self.uid] = WorkerSandbox(self.uid, cgroup)
+        return box
+
+
+def _run_test(job: Job, i: int, worker: Worker) -> tuple[dict, str]:
+    """Test `i`'s result and its stderr (for a non-AC verdict). Its files are its own (t{i}.*, c{i}.*, the work
+    folder t{i} outside namespaces), so tests of one job may run at once, each as its worker's uid."""
+    root, test, uid = job.root, job.tests[i], worker.uid
+    _write_private(root / f"t{i}.in", test["input"], uid, job.mode)
+    if job.mode == "namespaces":
+        (name, path), = job.files.items()
+        r = worker.sandbox().run(job.argv, (name, path), root, f"t{i}", root / f"t{i}.in",
+                                 time_limit_s=job.time_limit_s, memory_mb=job.memory_mb)
+    else:
+        r = run_sandboxed(job.argv, root, f"t{i}", uid=uid, time_limit_s=job.time_limit_s,
+                          memory_mb=job.memory_mb, mode=job.mode, stdin_path=root / f"t{i}.in", files=job.files,
+                          cgroups=job.cgroups)
+    v = _classify(r, job.time_limit_s, job.memory_mb, OUTPUT_LIMIT_BYTES)
+    if v is None:
+        ok = _check(job.checker, test, r["out"], root, i, uid, job.mode, job.cgroups) if job.checker else \
+            _output_matches(r["out"], test["output"], job.float_tolerance)
+        v = "AC" if ok else "WA"
+    result = {"verdict": v, "time_s": round(r["cpu_s"], 4), "wall_s": round(r["wall_s"], 4),
+              "memory_mb": None if r["max_rss_mb"] is None else round(r["max_rss_mb"], 1)}
+    message = tail(r["err"]) if v != "AC" else ""
+    for name in (f"t{i}.in", f"t{i}.out", f"t{i}.err"):
+        (root / name).unlink(missing_ok=True)
+    return result, message
+
+
+def _write_private(path: Path, text: str, uid: int, mode: str) -> None:
+    """A test's input or expected output: readable by the uid running that test (for a checker) and nobody
+    else. Outside namespaces a program sees the run folder, where another test of its job may run at once."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "w") as f:
+        f.write(text)
+    if mode != "rlimits":  # root: hand it to the sandbox uid (without root there is nobody else to keep out)
+        os.chown(path, uid, uid)
+
+
+def _finish(job: Job) -> JudgeResult:
+    """Wait for the job's tests in flight, then its result as the sequential judge gives it: tests count in
+    index order up to the first TLE (any later ones that ran beside it are dropped); a judge error in a counted
+    test raises. Removes the run folder."""
+    try:
+        job.wait_idle()
+        results, passed, verdict, message = [], 0, "AC", ""
+        for i in range(len(job.tests)):
+            if i not in job.outcomes:  # never taken: the job stopped before it
+                break
+            outcome = job.outcomes[i]
+            if isinstance(outcome, Exception):
+                raise outcome
+            result, err = outcome
+            results.append(result)
+            if result["verdict"] == "AC":
+                passed += 1
+            elif verdict == "AC":
+                verdict, message = result["verdict"], err
+            if result["verdict"] == "TLE":
+                break
+        return JudgeResult(verdict, passed, len(job.tests), results, message, job.compile_s)
+    finally:
+        remove_tree(job.root)
+
+
+def _python_syntax_error(source: str) -> str:
+    """CE message, or "" if `source` compiles. Pathological sources make compile() raise RecursionError or
+    MemoryError: the program could not run either, so those are compile errors too."""
+    if len(source) > PYTHON_SOURCE_LIMIT:
+        return f"source longer than {PYTHON_SOURCE_LIMIT} characters"
+    try:
+        compile(source, "main.py", "exec")
+    except Exception as e:  # noqa: BLE001 -- SyntaxError, ValueError (NUL), RecursionError, MemoryError, ...
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
+def _check(checker: dict, test: dict, out: Path, root: Path, i: int, uid: int, mode: str,
+           cgroups: Cgroups | None) -> bool:
+    """A special checker: a program run as `checker input expected actual`; exit code 0 accepts. A Python
+    checker's source is root/.job/checker.py, written by `prepare`."""
+    _write_private(root / f"c{i}.exp", test["output"], uid, mode)
+    files = {"input.txt": root / f"t{i}.in", "expected.txt": root / f"c{i}.exp", "actual.txt": out}
+    if checker.get("language", "python").startswith("python"):
+        argv, files["checker.py"] = ["python3", "-I", "checker.py"], root / ".job" / "checker.py"
+    else:
+        binary, _, _ = compile_cpp(checker["source"], CXX_FLAGS, uid, mode, cgroups)  # cached after the first
+        if binary is None:
+            raise ValueError("the special checker does not compile")
+        argv, files["checker"] = ["./checker"], binary
+    r = run_sandboxed(argv + ["input.txt", "expected.txt", "actual.txt"], root, f"c{i}", uid=uid,
+                      time_limit_s=10.0, memory_mb=1024, mode=mode, files=files, cgroups=cgroups)
+    for p in (r["out"], r["err"], root / f"c{i}.exp"):
+        p.unlink(missing_ok=True)
+    return r["returncode"] == 0

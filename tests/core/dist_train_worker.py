@@ -1,0 +1,85 @@
+"""Helper for test_multiprocess.py: run train.main (under torchrun, or in the test's own process) with test hooks,
+then write what each process ended with to <output_dir>/rank<r>.json.
+
+    torchrun --nproc_per_node 2 tests/dist_train_worker.py OUT_DIR HOOKS [train.py args...]
+
+HOOKS is a comma-separated list (or "none"):
+- fixed_sampling: each prompt's G completions are sampled alone, under a seed derived from the prompt text, so a
+  prompt gets the same completions whichever process samples it and whatever else is in the batch. Then 2
+  processes with B prompts each and 1 process with 2B prompts train on the same global batch.
+- uneven_rewards: process r scores its first r+1 groups 0 for every sample (no signal), so that dynamic sampling
+  keeps a different number of groups on each process.
+- uneven_width: process r pads its responses with 5*r extra columns (masked out), so processes see different
+  padded widths (as they do with real data) without changing any number the loss uses.
+"""
+import json
+import sys
+import zlib
+from pathlib import Path
+
+import torch
+
+import train
+from minirl.distributed import gathered, is_sharded, world_size
+from minirl.rollout import Rollout, concat_rollouts
+
+
+def rank() -> int:
+    import torch.distributed as dist
+    return dist.get_rank() if world_size() > 1 else 0
+
+
+def install_hooks(hooks: set[str], group_size: int) -> None:
+    real_sample, real_score = train.sample, train.score
+
+    def sample(model, tokenizer, prompts, G, *args, **kwargs):
+        if "fixed_sampling" in hooks:
+            parts = []
+            for p in prompts:
+                torch.manual_seed(zlib.crc32(p.encode()))
+                parts.append(real_sample(model, tokenizer, [p], G, *args, **kwargs))
+            out = concat_rollouts(parts, tokenizer.pad_token_id)
+        else:
+            out = real_sample(model, tokenizer, prompts, G, *args, **kwargs)
+        extra = 5 * rank() if "uneven_width" in hooks else 0
+        if extra:
+            pad = lambda t, v: torch.cat([t, t.new_full((t.shape[0], extra), v)], dim=1)  # noqa: E731
+            out = Rollout(out.prompt_ids, out.prompt_mask, pad(out.response_ids, tokenizer.pad_token_id),
+                          pad(out.response_mask, 0), out.truncated, out.texts, out.group_size)
+        return out
+
+    def score(texts, rows, *args, **kwargs):
+        rewards = real_score(texts, rows, *args, **kwargs)
+        if "uneven_rewards" in hooks:
+            rewards = [0.0 if i < (rank() + 1) * group_size else r for i, r in enumerate(rewards)]
+        return rewards
+
+    train.sample, train.score = sample, score
+
+
+def checksum(params) -> float:
+    return float(sum(p.detach().double().sum() * (i + 1) for i, p in enumerate(params)))
+
+
+def run(out: Path, hooks: str, args: list[str]) -> dict:
+    group_size = int(args[args.index("--group_size") + 1]) if "--group_size" in args else 8
+    install_hooks(set(hooks.split(",")) - {"none"}, group_size)
+    # keep the process group for the cross-process checks below (test_multiprocess also runs train.py unpatched)
+    train.shutdown = lambda: None
+    train.Accelerator.end_training = lambda self: None
+    result = train.main(args + ["--output_dir", str(out)])
+    policy = result["policy"]
+    with gathered(policy), torch.no_grad():  # full parameters, as this process sees them
+        info = {"sharded": is_sharded(policy), "world": world_size(),
+                "trainable": checksum(p for p in policy.parameters() if p.requires_grad),
+                "all": checksum(policy.parameters())}
+    (out / f"rank{rank()}.json").write_text(json.dumps(info))
+    if world_size() > 1:
+        import torch.distributed as dist
+        dist.barrier()
+        dist.destroy_process_group()
+    return result
+
+
+if __name__ == "__main__":
+    run(Path(sys.argv[1]), sys.argv[2], sys.argv[3:])

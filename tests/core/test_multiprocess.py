@@ -1,0 +1,100 @@
+"""train.py on 2 CPU processes (torchrun, gloo): the paths an 8-GPU `accelerate launch` takes, checked against
+one process where the maths says they must agree.
+
+Each run goes through tests/dist_train_worker.py, whose hooks make the global batch the same whatever the number of
+processes (see its docstring). Each 2-process run must also exit cleanly: a hang or an abort at exit fails it.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import ROOT
+
+WORKER = ROOT / "tests" / "core" / "dist_train_worker.py"
+# B=4 prompts per process on 2 processes = B=8 on one; T=0.7 and a KL term exercise the temperature and reference
+COMMON = ["--max_steps", "2", "--group_size", "4", "--temperature", "0.7", "--kl_coef", "0.05",
+          "--micro_batch_size", "3", "--val_files", "", "--warmup_steps", "5", "--seed", "3"]
+SETTINGS = {"dp": [], "fsdp": ["--fsdp", "true"], "lora": ["--lora_rank", "4", "--lora_alpha", "8", "--lr", "2e-3"],
+            "ppo": ["--algorithm", "ppo"]}  # PPO: GAE advantages whitened over the global batch, a critic
+
+
+def launch(out, hooks, *args, procs=2, timeout=300):
+    """Run the worker (hooks; or train.py itself for hooks=None) on `procs` processes; returns (metrics rows of
+    the training steps, per-rank info)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(procs)] \
+        if procs > 1 else [sys.executable]
+    script = [str(WORKER), str(out), hooks] if hooks else [str(ROOT / "train.py"), "--output_dir", str(out)]
+    proc = subprocess.run([*prefix, *script, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    errors = [line for line in proc.stderr.splitlines() if "Error" in line or "exitcode" in line]
+    assert proc.returncode == 0, "\n".join(errors[:20]) + "\n...\n" + proc.stderr[-3000:]
+    rows = [r for line in (out / "metrics.jsonl").open() if "actor/pg_loss" in (r := json.loads(line))]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(procs)] if hooks else []
+    return rows, ranks
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, tiny_path):
+    """The 1-process references with the same global batch (B=8), by setting (fsdp shares dp's)."""
+    runs = {}
+    for name in ("dp", "lora", "ppo"):
+        out = tmp_path_factory.mktemp(f"one_{name}")
+        runs[name] = launch(out, "fixed_sampling", *COMMON, *SETTINGS[name], "--prompts_per_step", "8", procs=1)[0]
+    runs["fsdp"] = runs["dp"]
+    return runs
+
+
+@pytest.mark.parametrize("setting", ["dp", "fsdp", "lora", "ppo"])
+def test_two_processes_train_like_one_process_on_the_same_global_batch(tmp_path, one_process, setting):
+    rows, ranks = launch(tmp_path, "fixed_sampling", *COMMON, *SETTINGS[setting], "--prompts_per_step", "4")
+    ref = one_process[setting]
+    assert rows[0]["critic/reward/mean"] == ref[0]["critic/reward/mean"]  # the same completions were trained on
+    keys = ["actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "actor/lr", "critic/advantages/max"]
+    keys += ["critic/vf_loss", "critic/grad_norm", "critic/vpred_mean"] if setting == "ppo" else []
+    for key in keys:
+        assert rows[0][key] == pytest.approx(ref[0][key], abs=1e-5), key  # logged losses: all processes' sum
+    assert rows[1]["actor/kl_loss"] > 0 and rows[1]["actor/kl_loss"] == pytest.approx(ref[1]["actor/kl_loss"], rel=1e-3)
+    assert rows[0]["actor/lr"] == pytest.approx(2e-4 / 5 if setting != "lora" else 2e-3 / 5)  # the step's own rate
+    assert ranks[0]["trainable"] == ranks[1]["trainable"] and ranks[0]["all"] == ranks[1]["all"]  # one model
+    assert ranks[0]["sharded"] == (setting == "fsdp")
+
+
+def test_fsdp_in_bf16_trains_fp32_shards_checkpoints_and_exits_cleanly(tmp_path, tiny_path):
+    """train.py itself (its own teardown must exit 0 on both processes), FSDP with bf16 compute at lr 1e-6: the
+    checkpoint holds the gathered fp32 weights, most of which moved; it and the final model reload in transformers."""
+    launch(tmp_path, None, "--max_steps", "2", "--group_size", "4", "--prompts_per_step", "4", "--fsdp", "true",
+           "--dtype", "bfloat16", "--lr", "1e-6", "--warmup_steps", "0", "--kl_coef", "0.05", "--val_files", "",
+           "--save_every", "2")
+    ckpt = tmp_path / "checkpoints" / "step_000002"
+    assert (ckpt / "rng_rank0.pt").exists() and (ckpt / "rng_rank1.pt").exists()
+    start, trained = load_file(str(tiny_path / "model.safetensors")), load_file(str(ckpt / "model" / "model.safetensors"))
+    assert all(v.dtype == torch.float32 for v in trained.values())
+    changed = sum(int((trained[k] != v).sum()) for k, v in start.items()) / sum(v.numel() for v in start.values())
+    assert changed > 0.5, changed  # bf16 weights would have rounded most of these updates away
+    from transformers import AutoModelForCausalLM
+    ids = torch.tensor([[5, 17, 42, 8]])
+    a, b = AutoModelForCausalLM.from_pretrained(ckpt / "model"), AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert torch.allclose(a(ids).logits, b(ids).logits)  # the final model: the tiny config's fp32
+
+
+def test_dynamic_sampling_with_unequal_kept_groups_finishes(tmp_path, tiny_path):
+    rows, _ = launch(tmp_path, "uneven_rewards", "--max_steps", "3", "--group_size", "4", "--prompts_per_step", "4",
+                     "--dynamic_sampling", "true", "--max_sampling_rounds", "1", "--val_files", "")
+    assert len(rows) == 3
+    for r in rows:  # process 0 zeroed 1 of its 4 groups, process 1 two: at most 3 + 2 kept, counts over both
+        assert r["batch/groups"] <= 5 and r["batch/groups"] + r["batch/groups_dropped"] == 8
+
+
+def test_fsdp_runs_equal_passes_with_unequal_groups_and_widths(tmp_path, tiny_path):
+    """FSDP's collectives hang unless every process runs as many forward/backward passes: here the processes
+    keep different numbers of groups (dynamic sampling) and see different padded widths (a token budget)."""
+    rows, _ = launch(tmp_path, "uneven_rewards,uneven_width", "--max_steps", "3", "--group_size", "4",
+                     "--prompts_per_step", "4", "--dynamic_sampling", "true", "--max_sampling_rounds", "1",
+                     "--fsdp", "true", "--micro_batch_tokens", "64", "--val_files", "")
+    assert len(rows) == 3 and all(r["batch/groups"] + r["batch/groups_dropped"] == 8 for r in rows)
