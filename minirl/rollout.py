@@ -30,7 +30,7 @@ class Rollout:
     prompt_mask: torch.Tensor     # (N, P) 1 on real prompt tokens
     response_ids: torch.Tensor    # (N, R) right-padded
     response_mask: torch.Tensor   # (N, R) 1 on generated tokens up to and including the first EOS
-    truncated: torch.Tensor       # (N,) bool: no EOS within max_new_tokens
+    truncated: torch.Tensor       # (N,) bool: no EOS (nor stop string) within max_new_tokens
     texts: list[str]              # N decoded completions (special tokens removed)
     group_size: int
 
@@ -94,9 +94,11 @@ def sampling_processors(temperature: float, top_p: float, top_k: int) -> list:
 
 @torch.no_grad()
 def sample(model, tokenizer, prompts: list[str] | list[list[int]], group_size: int, max_new_tokens: int,
-           temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False) -> Rollout:
+           temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
+           stop: list[str] | None = None) -> Rollout:
     """Generate `group_size` completions for each prompt: strings (chat template already applied) or token
-    lists (the sessions API's prompts, minirl/sessions/client.py), left-padded the same way."""
+    lists (the sessions API's prompts, minirl/sessions/client.py), left-padded the same way. A row ends at its
+    first EOS or, with `stop`, at the token that completes a stop string (kept in the response, as an EOS is)."""
     from transformers import GenerationConfig
 
     device = next(model.parameters()).device
@@ -114,7 +116,8 @@ def sample(model, tokenizer, prompts: list[str] | list[list[int]], group_size: i
     # from the model's own config, so generate also sees ours as the model's, for this call only.
     fields = {k: v for k, v in GenerationConfig._get_default_generation_params().items() if k != "max_length"}
     fields.update(do_sample=False, max_new_tokens=cap_new_tokens(model, prompt_ids.shape[1], max_new_tokens),
-                  use_cache=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids)
+                  use_cache=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids,
+                  stop_strings=list(stop) if stop else None)
     gen_config = GenerationConfig(**fields)
     processors = [] if greedy else sampling_processors(temperature, top_p, top_k)
     was_training, model_config = model.training, model.generation_config
@@ -124,18 +127,40 @@ def sample(model, tokenizer, prompts: list[str] | list[list[int]], group_size: i
         # synced_gpus=False: with FSDP the trainer gathers the full weights first (distributed.gathered), so no
         # process needs to keep stepping for the others
         out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, synced_gpus=False,
-                             generation_config=gen_config, logits_processor=LogitsProcessorList(processors))
+                             generation_config=gen_config, logits_processor=LogitsProcessorList(processors),
+                             tokenizer=tokenizer if stop else None)
     finally:
         model.generation_config = model_config
         model.train(was_training)                                                                  # out: (N, P + R')
     P = prompt_ids.shape[1]
     response_ids = out[:, P:]
     mask, truncated = response_mask_from_ids(response_ids, eos_ids)
+    if stop:
+        mask, truncated = _mask_after_stop(response_ids, mask, truncated, tokenizer, stop)
     response_ids = response_ids.masked_fill(mask == 0, tokenizer.pad_token_id)
     # generate pads rows that stopped early; the mask above already covers them
     texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
     return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=mask,
                    truncated=truncated, texts=texts, group_size=group_size)
+
+
+def _mask_after_stop(response_ids: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor, tokenizer,
+                     stop: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """End each row that holds a stop string at the token completing its first one. Whether a prefix's text
+    holds one only turns from no to yes as the prefix grows, so a binary search finds that token."""
+    mask, truncated = mask.clone(), truncated.clone()
+    holds = lambda ids: any(s in tokenizer.decode(ids, skip_special_tokens=True) for s in stop)  # noqa: E731
+    for i in range(len(response_ids)):
+        ids = response_ids[i, :int(mask[i].sum())].tolist()
+        if not holds(ids):
+            continue
+        lo, hi = 0, len(ids) - 1                  # the shortest prefix ids[:hi + 1] that holds a stop string
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if holds(ids[:mid + 1]) else (mid + 1, hi)
+        mask[i, hi + 1:] = 0
+        truncated[i] = False
+    return mask, truncated
 
 
 def _pad_to(t: torch.Tensor, width: int, value: int, left: bool) -> torch.Tensor:

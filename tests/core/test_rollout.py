@@ -25,6 +25,20 @@ def test_left_padded_prompt_gives_same_greedy_output_as_unpadded(random_model, t
     assert batched.prompt_mask[0].sum() < batched.prompt_mask[1].sum()  # the first one really was padded
 
 
+def test_generation_ends_at_the_token_that_completes_a_stop_string(random_model, tiny_tokenizer):
+    torch.manual_seed(0)
+    full = sample(random_model, tiny_tokenizer, PROMPTS[:1], group_size=1, max_new_tokens=12)
+    ids, piece = full.response_ids[0].tolist(), tiny_tokenizer.decode
+    k = next(k for k in range(2, len(ids)) if piece(ids[k]).strip() and "\ufffd" not in piece(ids[k])
+             and piece(ids[k]).strip() not in piece(ids[:k]))
+    stop = piece(ids[k]).strip()
+    torch.manual_seed(0)
+    cut = sample(random_model, tiny_tokenizer, PROMPTS[:1], group_size=1, max_new_tokens=12, stop=[stop])
+    assert cut.response_mask[0].sum() == k + 1 and cut.response_ids[0, :k + 1].tolist() == ids[:k + 1]
+    assert cut.response_ids.shape[1] == k + 1       # generation itself ended there, not a cut afterwards
+    assert not cut.truncated[0] and cut.texts[0].endswith(stop)
+
+
 def test_sample_shapes_groups_and_masks(random_model, tiny_tokenizer):
     torch.manual_seed(0)
     r = sample(random_model, tiny_tokenizer, PROMPTS, group_size=3, max_new_tokens=5)
