@@ -39,9 +39,9 @@ from minirl.distributed import (all_reduce_max, all_reduce_min, all_reduce_sum, 
 from minirl.evaluate import evaluate
 from minirl.critic import critic_forward_backward, critic_values, load_critic
 from minirl.loss import gae, group_advantages, kl_penalty, outcome_token_rewards, whiten
-from minirl.models import add_lora, autocast, config_dtype, load_model, load_tokenizer, pick_attn_implementation, pick_dtype, resolve_model_path
+from minirl.models import (adapter_disabled, autocast, build_policy, config_dtype, load_reference, load_tokenizer,
+                           pick_attn_implementation, pick_dtype, resolve_model_path)
 from minirl.logprobs import batched_logprobs
-from minirl.models import adapter_disabled, load_reference
 from minirl.judge import Judge
 from minirl.rewards import is_code, load_reward_fn, overlong_penalty, score
 from minirl.rollout import Rollout, concat_rollouts, sample, select_groups
@@ -234,19 +234,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     # --- policy, reference, data ----------------------------------------------------------------------
     with accelerator.main_process_first():  # the first process builds the toy model if needed
         path = resolve_model_path(cfg.model_name_or_path)
-    # Precision: trained weights and optimizer state are fp32 (bf16 weights would round away most updates at
-    # lr 1e-6); forward/backward computes in `dtype` (autocast, or FSDP's mixed precision). A frozen LoRA base
-    # and the reference stay in `dtype`. The final model is saved in the dtype its config names.
+    # precision (models.build_policy says why): fp32 trained weights, compute in `dtype`, saved in the config's
     dtype, attn = pick_dtype(cfg.dtype, device), pick_attn_implementation(cfg.attn_implementation)
     save_dtype = config_dtype(path) if cfg.save_dtype == "auto" else getattr(torch, cfg.save_dtype)
     tokenizer = load_tokenizer(path)
-    torch.manual_seed(cfg.seed)  # one seed for anything initialised here (a LoRA adapter): same on every process
-    policy = load_model(path, dtype if cfg.lora_rank > 0 or cfg.load_in_bits else torch.float32, attn,
-                        cfg.gradient_checkpointing, cfg.load_in_bits)
-    policy = policy if cfg.load_in_bits else policy.to(device)
-    if cfg.lora_rank > 0:  # peft keeps the adapter's weights in fp32 over a bf16 base
-        policy = add_lora(policy, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
-        broadcast_parameters(p for p in policy.parameters() if p.requires_grad)  # and insist on it
+    lora = dict(rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
+                target_modules=cfg.lora_target_modules) if cfg.lora_rank > 0 else None
+    policy = build_policy(path, device, dtype, attn, lora, cfg.gradient_checkpointing, cfg.load_in_bits, cfg.seed)
+    if lora:
+        broadcast_parameters(p for p in policy.parameters() if p.requires_grad)  # the same adapter everywhere
     if cfg.fsdp and world > 1:
         shard(policy, dtype)  # before the optimizer exists: it must hold the sharded parameters
     elif cfg.fsdp:

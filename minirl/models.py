@@ -142,6 +142,29 @@ def enable_gradient_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
+def build_policy(path: str, device: torch.device, dtype: torch.dtype, attn_implementation: str = "sdpa",
+                 lora: dict | None = None, gradient_checkpointing: bool = False, load_in_bits: int = 0,
+                 seed: int = 0):
+    """The policy to train, in train mode on `device`: the model at `path`, with a LoRA adapter when `lora`
+    (keys rank, alpha, dropout, target_modules) is given. train.py and the sessions' TrainingClient both build
+    theirs here.
+
+    Precision: trained weights stay fp32 and compute runs in `dtype` (autocast or FSDP's mixed precision), since
+    bf16 weights would round away most updates at lr 1e-6. A frozen base (LoRA, quantised) is held in `dtype`;
+    peft keeps the adapter in fp32 over it. The adapter is initialised from `seed` without touching the
+    caller's RNG, so every process builds the same one."""
+    frozen_base = bool(lora) or bool(load_in_bits)
+    model = load_model(path, dtype if frozen_base else torch.float32, attn_implementation, gradient_checkpointing,
+                       load_in_bits)
+    model = model if load_in_bits else model.to(device)  # a quantised model is placed on its GPU by from_pretrained
+    if lora:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = add_lora(model, lora["rank"], lora["alpha"], lora.get("dropout", 0.0),
+                             lora.get("target_modules", "all-linear"))
+    return model.train()
+
+
 def load_reference(path: str, dtype: torch.dtype, attn_implementation: str, device: torch.device):
     model = load_model(path, dtype=dtype, attn_implementation=attn_implementation).to(device)
     model.eval()

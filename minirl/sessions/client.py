@@ -43,9 +43,9 @@ import torch
 from minirl import checkpoint
 from minirl.distributed import (all_reduce_sum, barrier, rank, shutdown, sum_gradients_across_processes,
                                 sum_over_processes)
-from minirl.models import add_lora, config_dtype, load_model, load_tokenizer, pick_attn_implementation, pick_dtype, resolve_model_path
 from minirl.logprobs import batched_logprobs
-from minirl.models import adapter_disabled
+from minirl.models import (adapter_disabled, build_policy, config_dtype, load_model, load_tokenizer,
+                           pick_attn_implementation, pick_dtype, resolve_model_path)
 from minirl.rollout import sample
 from minirl.sessions.types import (LOSS_FNS, AdamParams, Datum, ForwardBackwardOutput, Future, SampledSequence,
                                  SampleResponse, SamplingParams, SessionError, _Worker, collate)
@@ -121,14 +121,8 @@ class TrainingClient:
                      "gradient_checkpointing": gradient_checkpointing}
         dtype, device = service.dtype, service.device
         self.tokenizer = load_tokenizer(self.base_path)
-        # trained weights stay fp32 and compute runs in `dtype` (autocast); a frozen LoRA base is held in `dtype`
-        self.model = load_model(self.base_path, dtype if lora else torch.float32, service.attn_implementation,
-                                gradient_checkpointing)
-        if lora:
-            with torch.random.fork_rng(devices=[]):  # same adapter on every process, user's RNG untouched
-                torch.manual_seed(seed)
-                self.model = add_lora(self.model, lora["rank"], lora["alpha"], 0.0, lora["target_modules"])
-        self.model.to(device).train()
+        self.model = build_policy(self.base_path, device, dtype, service.attn_implementation,
+                                  lora and {**lora, "dropout": 0.0}, gradient_checkpointing, seed=seed)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=AdamParams.learning_rate)
         self._worker = _Worker(device, dtype)
