@@ -57,7 +57,7 @@ all_reduce_sum = global_sum  # the name the sessions API and recipes use
 def global_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     """sum(x * mask) / sum(mask) over every process's entries, as one process holding them all computes it
     (e.g. the entropy per response token); 0 where the mask is empty everywhere."""
-    total = global_sum(torch.stack([(x * mask).sum().double(), mask.sum().double()]))
+    total = global_sum(torch.stack([(x * mask).sum(), mask.sum().to(x.dtype)]))
     return float(total[0] / total[1].clamp(min=1))
 
 
