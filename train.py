@@ -42,13 +42,14 @@ from minirl.cli import exit_on_user_error
 from minirl.config import Config, parse_config
 from minirl.critic import critic_forward_backward, critic_values, load_critic
 from minirl.data import drop_long_prompts, load_rows
-from minirl.distributed import (broadcast_parameters, gather_rows, gathered, global_counts, global_max, global_mean,
-                                global_sum, shard, shutdown, sum_gradients_across_processes, sum_over_processes)
+from minirl.distributed import (broadcast_parameters, gather_rows, gathered, global_counts, global_max,
+                                global_mean, global_sum, shard, shutdown, sum_gradients_across_processes,
+                                sum_over_processes)
 from minirl.evaluate import evaluate
 from minirl.judge import Judge
 from minirl.logprobs import batched_logprobs
-from minirl.models import (adapter_disabled, autocast, build_policy, config_dtype, load_reference, load_tokenizer,
-                           pick_attn_implementation, pick_dtype, resolve_model_path)
+from minirl.models import (adapter_disabled, autocast, build_policy, config_dtype, load_reference,
+                           load_tokenizer, pick_attn_implementation, pick_dtype, resolve_model_path)
 from minirl.rewards import Scorer, build_scorer, is_code
 from minirl.rollout import Rollout
 from minirl.sampling import sample_and_score, timed, train_batch
@@ -66,7 +67,8 @@ def validate(model, tokenizer, rows: list[dict], scorer: Scorer, cfg: Config, ra
                            scorer=scorer)
     sources = sorted({r["data_source"] for r in rows})
     sums = torch.tensor([[sum(r["reward"] for r in records if r["data_source"] == s),
-                          sum(1 for r in records if r["data_source"] == s)] for s in sources], dtype=torch.float64)
+                          sum(1 for r in records if r["data_source"] == s)] for s in sources],
+                        dtype=torch.float64)
     sums = global_sum(sums.to(next(model.parameters()).device)).cpu()
     return {f"val/test_score/{s}": float(v / max(c, 1)) for s, (v, c) in zip(sources, sums.tolist())}
 
@@ -153,7 +155,8 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = load_tokenizer(path)
     lora = dict(rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
                 target_modules=cfg.lora_target_modules) if cfg.lora_rank > 0 else None
-    policy = build_policy(path, device, dtype, attn, lora, cfg.gradient_checkpointing, cfg.load_in_bits, cfg.seed)
+    policy = build_policy(path, device, dtype, attn, lora, cfg.gradient_checkpointing, cfg.load_in_bits,
+                          cfg.seed)
     if lora:
         broadcast_parameters(p for p in policy.parameters() if p.requires_grad)  # the same adapter everywhere
     if cfg.fsdp and world > 1:
