@@ -29,7 +29,7 @@ class Config:
     load_in_bits: Literal[0, 4, 8] = 0    # 4/8-bit base weights via bitsandbytes (CUDA only; needs lora_rank > 0)
     lora_rank: int = 0                    # > 0: train a LoRA adapter (peft) instead of all weights
     lora_alpha: int = 32                  # LoRA scaling numerator (scale = alpha / rank)
-    lora_dropout: float = 0.0             # must be 0 for RL (see validate)
+    lora_dropout: float = 0.0             # must be 0 for RL (see check)
     lora_target_modules: str = "all-linear"  # peft's "all-linear", or comma-separated names (q_proj,v_proj)
     save_merged: bool = False             # with LoRA, also save the merged model to <output_dir>/merged
     # --- data ----------------------------------------------------------------------------------------------
@@ -92,7 +92,7 @@ class Config:
     max_steps: int = 120                  # training steps (each: sample -> score -> update)
     seed: int = 0
     output_dir: str = "runs/default"      # metrics.jsonl and the final model go here
-    val_every: int = 20                   # validate every N steps, and always before and after (0 = only those)
+    val_every: int = 20                   # held-out validation every N steps, and before and after (0 = only those)
     val_greedy: bool = True               # validation decodes greedily; False samples with `temperature`
     report_to: str = ""                   # extra trackers via accelerate: tensorboard, mlflow, wandb (comma-separated)
     save_every: int = 0                   # checkpoint every N steps (0 = only at the end); see checkpoint.py
@@ -157,7 +157,7 @@ def _apply(cfg: Config, overrides: dict[str, Any], where: str) -> None:
         setattr(cfg, key, _convert(key, value, types[key]))
 
 
-def validate(cfg: Config) -> None:
+def check(cfg: Config) -> None:
     """Range checks that types alone cannot express."""
     positive = ["prompts_per_step", "group_size", "max_new_tokens", "micro_batch_size", "ppo_epochs",
                 "mini_batches", "max_prompt_length", "max_sampling_rounds"]
@@ -247,5 +247,5 @@ def parse_config(argv: list[str] | None = None) -> Config:
             raise ConfigError(f"config file {path} must hold a mapping of key: value")
         _apply(cfg, data, f"in {path}")
     _apply(cfg, pairs, "on the command line")
-    validate(cfg)
+    check(cfg)
     return cfg

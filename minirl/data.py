@@ -135,6 +135,20 @@ def prompt_text(row: dict, tokenizer) -> str:
     return "\n".join(m["content"] for m in row["prompt"]) + "\n"
 
 
+def drop_long_prompts(rows: list[dict], tokenizer, max_prompt_length: int, log=print) -> list[dict]:
+    """The rows whose prompt fits in max_prompt_length tokens; says how many were dropped, and raises the
+    config error when none is left."""
+    kept = [r for r in rows
+            if len(tokenizer(prompt_text(r, tokenizer), add_special_tokens=False).input_ids) <= max_prompt_length]
+    if len(kept) < len(rows):
+        log(f"dropped {len(rows) - len(kept)} of {len(rows)} prompts longer than max_prompt_length={max_prompt_length}")
+    if not kept:
+        from minirl.config import ConfigError
+        raise ConfigError(f"config key 'max_prompt_length': no training prompt fits in {max_prompt_length} tokens; "
+                          "raise it")
+    return kept
+
+
 def prompt_indices(position: int, count: int, num_rows: int, seed: int) -> list[int]:
     """Rows number `position .. position+count-1` of an endless stream of seeded per-epoch shuffles."""
     perms: dict[int, torch.Tensor] = {}
