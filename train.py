@@ -31,8 +31,6 @@ import functools
 import json
 import math
 import os
-import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -43,27 +41,20 @@ from minirl import checkpoint
 from minirl.cli import exit_on_user_error
 from minirl.config import Config, parse_config
 from minirl.critic import critic_forward_backward, critic_values, load_critic
-from minirl.data import drop_long_prompts, load_rows, prompt_indices, prompt_text
-from minirl.distributed import (broadcast_parameters, gather_rows, gathered, global_counts, global_max, global_mean,
-                                global_min, global_sum, shard, shutdown, sum_gradients_across_processes,
+from minirl.data import drop_long_prompts, load_rows
+from minirl.distributed import (broadcast_parameters, gather_rows, gathered, global_counts, global_max,
+                                global_mean, global_sum, shard, shutdown, sum_gradients_across_processes,
                                 sum_over_processes)
 from minirl.evaluate import evaluate
 from minirl.judge import Judge
 from minirl.logprobs import batched_logprobs
-from minirl.models import (adapter_disabled, autocast, build_policy, config_dtype, load_reference, load_tokenizer,
-                           pick_attn_implementation, pick_dtype, resolve_model_path)
-from minirl.rewards import Scorer, build_scorer, is_code, overlong_penalty
-from minirl.rollout import Rollout, concat_rollouts, sample, select_groups
+from minirl.models import (adapter_disabled, autocast, build_policy, config_dtype, load_reference,
+                           load_tokenizer, pick_attn_implementation, pick_dtype, resolve_model_path)
+from minirl.rewards import Scorer, build_scorer, is_code
+from minirl.rollout import Rollout
+from minirl.sampling import sample_and_score, timed, train_batch
 from minirl.update import (LossSettings, compute_advantages, forward_backward, mini_batches, optim_step,
                            warmup_constant_schedule)
-
-
-@contextlib.contextmanager
-def timed(name: str, timing: dict[str, float]):
-    """Add the seconds the block takes to timing[name] (verl's marked_timer; logged as timing_s/<name>)."""
-    t0 = time.perf_counter()
-    yield
-    timing[name] = timing.get(name, 0.0) + time.perf_counter() - t0
 
 
 def validate(model, tokenizer, rows: list[dict], scorer: Scorer, cfg: Config, rank: int, world: int
@@ -76,69 +67,10 @@ def validate(model, tokenizer, rows: list[dict], scorer: Scorer, cfg: Config, ra
                            scorer=scorer)
     sources = sorted({r["data_source"] for r in rows})
     sums = torch.tensor([[sum(r["reward"] for r in records if r["data_source"] == s),
-                          sum(1 for r in records if r["data_source"] == s)] for s in sources], dtype=torch.float64)
+                          sum(1 for r in records if r["data_source"] == s)] for s in sources],
+                        dtype=torch.float64)
     sums = global_sum(sums.to(next(model.parameters()).device)).cpu()
     return {f"val/test_score/{s}": float(v / max(c, 1)) for s, (v, c) in zip(sources, sums.tolist())}
-
-
-def sample_round(policy, tokenizer, rows: list[dict], scorer: Scorer, cfg: Config, timing: dict[str, float]
-                 ) -> tuple[Rollout, torch.Tensor]:
-    """gen and reward once: G completions for each row, and their rewards (N,)."""
-    with timed("gen", timing), gathered(policy):  # FSDP: full weights once per rollout, not per token
-        rollout = sample(policy, tokenizer, [prompt_text(r, tokenizer) for r in rows], cfg.group_size,
-                         cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
-    with timed("reward", timing):
-        rewards = torch.tensor(scorer(rollout.texts, [r for r in rows for _ in range(cfg.group_size)]))
-        if cfg.overlong_buffer:  # DAPO's soft overlong punishment
-            rewards += torch.tensor(overlong_penalty(rollout.response_mask.sum(1).tolist(), cfg.max_new_tokens,
-                                                     cfg.overlong_buffer, cfg.overlong_penalty))
-    return rollout, rewards.float()
-
-
-def sample_and_score(policy, tokenizer, train_rows: list[dict], scorer: Scorer, cfg: Config, position: int,
-                     rank: int, world: int, timing: dict[str, float]
-                     ) -> tuple[Rollout, list[dict], torch.Tensor, int, dict[str, float]]:
-    """gen and reward for one step: B prompts from the stream, G completions each, their rewards.
-
-    With DAPO's dynamic sampling, groups whose G rewards are all equal (no learning signal) are dropped and
-    further prompts sampled, for at most max_sampling_rounds rounds, until every process has B groups. Every
-    process runs the same number of rounds and trains the same number of groups (the most any process kept),
-    because the update's collectives (gradient sums, FSDP's gathers) need as many passes everywhere: a process
-    that kept fewer adds padding groups, copies with an empty response mask (no token, no loss, no gradient).
-    Returns (rollout, rows, rewards (N,), new position in the prompt stream, metrics).
-    """
-    B, G = cfg.prompts_per_step, cfg.group_size
-
-    def next_prompts(position: int) -> tuple[list[dict], int]:  # this process's slice; all processes advance
-        rows = [train_rows[i] for i in prompt_indices(position + rank * B, B, len(train_rows), cfg.seed)]
-        return rows, position + B * world
-
-    rows, position = next_prompts(position)
-    rollout, rewards = sample_round(policy, tokenizer, rows, scorer, cfg, timing)
-    if not cfg.dynamic_sampling:
-        return rollout, rows, rewards, position, {}
-    parts, kept_rows, kept_rewards, rounds = [], [], [], 1
-    while True:
-        keep = [g for g in range(B) if rewards[g * G:(g + 1) * G].std() > 0][:B - len(kept_rows)]
-        parts.append(select_groups(rollout, keep))
-        kept_rows += [rows[g] for g in keep]
-        kept_rewards.append(rewards.view(B, G)[keep].reshape(-1))
-        if global_min(len(kept_rows)) == B or rounds >= cfg.max_sampling_rounds:
-            break
-        rows, position = next_prompts(position)
-        rollout, rewards = sample_round(policy, tokenizer, rows, scorer, cfg, timing)
-        rounds += 1
-    kept = len(kept_rows)
-    padding = max(int(global_max(kept)), 1) - kept
-    if padding:
-        filler = select_groups(rollout, [0] * padding)
-        parts.append(replace(filler, response_mask=torch.zeros_like(filler.response_mask),
-                             truncated=torch.zeros_like(filler.truncated)))
-        kept_rows += [rows[0]] * padding
-        kept_rewards.append(torch.zeros(padding * G))
-    rollout, rewards = concat_rollouts(parts, tokenizer.pad_token_id), torch.cat(kept_rewards)
-    metrics = sum_over_processes({"batch/groups": kept, "batch/groups_dropped": rounds * B - kept})
-    return rollout, kept_rows, rewards, position, {**metrics, "batch/sampling_rounds": rounds}
 
 
 def is_on_policy(cfg: Config) -> bool:
@@ -161,19 +93,21 @@ def update(model, optimizer, scheduler, batch: dict[str, torch.Tensor], cfg: Con
     for _ in range(cfg.ppo_epochs):
         for mb in mini_batches(batch, cfg.mini_batches, cfg.group_size):
             lr = optimizer.param_groups[0]["lr"]  # the rate this optimizer step uses
+            num_tokens, num_seqs = global_counts(mb["response_mask"])  # the loss's normalisers
             with autocast(device, dtype):
-                num_tokens, num_seqs = global_counts(mb["response_mask"])
                 row = sum_over_processes(step_fn(mb, num_tokens=num_tokens, num_seqs=num_seqs,
                                                  micro_batch_size=micro_batch_size))
             sum_gradients_across_processes(model)
-            rows.append({**row, "grad_norm": optim_step(model, optimizer, scheduler, cfg.max_grad_norm), "lr": lr})
-    return {f"{prefix}/{k}": (sum(r[k] for r in rows) / len(rows) if k != "lr" else rows[-1][k]) for k in rows[0]}
+            rows.append({**row, "grad_norm": optim_step(model, optimizer, scheduler, cfg.max_grad_norm),
+                         "lr": lr})
+    return {f"{prefix}/{k}": rows[-1][k] if k == "lr" else sum(r[k] for r in rows) / len(rows) for k in rows[0]}
 
 
 def step_metrics(step: int, rollout: Rollout, rewards: torch.Tensor, batch: dict[str, torch.Tensor],
                  entropy: torch.Tensor | None, timing: dict[str, float], *parts: dict[str, float]) -> dict:
-    """The step's row of metrics.jsonl, with verl's names: rewards, advantages and lengths over every process's
-    sequences (dynamic sampling's padding groups left out), the entropy, the phases' times, and `parts`."""
+    """The step's row of metrics.jsonl, with verl's names: rewards, advantages and lengths over every
+    process's sequences (dynamic sampling's padding groups left out), the entropy, the phases' times
+    (timing_s/update: actor and critic together), and the phases' own metrics (`parts`)."""
     def stats(name: str, x: torch.Tensor) -> dict[str, float]:
         x = x.float() if x.numel() else torch.full((1,), float("nan"))
         return {f"{name}/mean": float(x.mean()), f"{name}/max": float(x.max()), f"{name}/min": float(x.min())}
@@ -221,7 +155,8 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = load_tokenizer(path)
     lora = dict(rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
                 target_modules=cfg.lora_target_modules) if cfg.lora_rank > 0 else None
-    policy = build_policy(path, device, dtype, attn, lora, cfg.gradient_checkpointing, cfg.load_in_bits, cfg.seed)
+    policy = build_policy(path, device, dtype, attn, lora, cfg.gradient_checkpointing, cfg.load_in_bits,
+                          cfg.seed)
     if lora:
         broadcast_parameters(p for p in policy.parameters() if p.requires_grad)  # the same adapter everywhere
     if cfg.fsdp and world > 1:
@@ -239,7 +174,8 @@ def main(argv: list[str] | None = None) -> dict:
                                    log=accelerator.print)
     val_rows = load_rows(cfg.val_files, split="test", limit=cfg.val_max_samples) if cfg.val_files else []
     # the sandboxed judge pool, one for the run, only for code rows: the scorer takes anything with run_many
-    judge = Judge(cfg.judge_workers or None) if any(map(is_code, train_rows + val_rows)) and not cfg.reward_fn else None
+    needs_judge = any(map(is_code, train_rows + val_rows)) and not cfg.reward_fn
+    judge = Judge(cfg.judge_workers or None) if needs_judge else None
     scorer = build_scorer(cfg, judge)
 
     adam = dict(weight_decay=cfg.weight_decay, betas=(cfg.adam_beta1, cfg.adam_beta2))
@@ -253,7 +189,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     if trackers:  # metrics.jsonl is always written; these are extra (accelerate checks they are installed)
         accelerator.init_trackers("minirl", config=vars(cfg))
-    start_step, position = checkpoint.resume(accelerator, cfg, policy, optimizer, scheduler, critic, critic_optimizer)
+    start_step, position = checkpoint.resume(accelerator, cfg, policy, optimizer, scheduler, critic,
+                                             critic_optimizer)
     metrics_file = out_dir / "metrics.jsonl"
     if start_step == 0:
         if is_main:
@@ -271,21 +208,17 @@ def main(argv: list[str] | None = None) -> dict:
     # --- the training loop: verl's phases, each timed ----------------------------------------------------
     bar = tqdm(range(start_step, cfg.max_steps), desc="train", initial=start_step, total=cfg.max_steps,
                disable=not is_main, dynamic_ncols=True)
-    for step in range(start_step + 1, cfg.max_steps + 1):  # position: prompts consumed, all processes together
+    for step in range(start_step + 1, cfg.max_steps + 1):  # position: prompts consumed by all processes
         timing, entropy, val = {}, None, {}
         with timed("step", timing):
             with autocast(device, dtype):  # gen, reward
-                rollout, rows, rewards, position, m_batch = sample_and_score(policy, tokenizer, train_rows,
-                                                                             scorer, cfg, position, rank, world, timing)
-            mask = rollout.response_mask.clone()
-            if cfg.mask_truncated:  # DAPO overlong filtering: truncated answers teach nothing either way
-                mask[rollout.truncated] = 0
-            batch = {"input_ids": rollout.input_ids.to(device), "attention_mask": rollout.attention_mask.to(device),
-                     "response_mask": mask.to(device)}
+                rollout, rows, rewards, position, m_batch = sample_and_score(
+                    policy, tokenizer, train_rows, scorer, cfg, position, rank, world, timing)
+            batch = train_batch(rollout, cfg.mask_truncated, device)
             seqs = (batch["input_ids"], batch["attention_mask"], rollout.response_ids.shape[1])  # ids, mask, R
             # micro-batch size from a token budget over the widest process's batch, so all run as many passes
-            mbs = max(1, int(cfg.micro_batch_tokens // global_max(seqs[0].shape[1]))) if cfg.micro_batch_tokens \
-                else cfg.micro_batch_size
+            mbs = max(1, int(cfg.micro_batch_tokens // global_max(seqs[0].shape[1]))) \
+                if cfg.micro_batch_tokens else cfg.micro_batch_size
             with timed("old_log_prob", timing), autocast(device, dtype):  # on-policy: the update's own pass
                 if not is_on_policy(cfg):
                     batch["old_logp"], entropy = batched_logprobs(policy, *seqs, mbs, cfg.temperature,
@@ -293,7 +226,8 @@ def main(argv: list[str] | None = None) -> dict:
             with timed("ref", timing), autocast(device, dtype):
                 if cfg.kl_coef > 0:  # the frozen copy, or with LoRA the policy with its adapter switched off
                     with adapter_disabled(policy) if ref_model is None else contextlib.nullcontext():
-                        batch["ref_logp"], _ = batched_logprobs(ref_model or policy, *seqs, mbs, cfg.temperature)
+                        batch["ref_logp"], _ = batched_logprobs(ref_model or policy, *seqs, mbs,
+                                                                cfg.temperature)
             with timed("values", timing), autocast(device, dtype):
                 if critic is not None:
                     batch["old_values"] = critic_values(critic, *seqs, mbs)                          # (N, R)
@@ -305,7 +239,8 @@ def main(argv: list[str] | None = None) -> dict:
                     m_update = update(critic, critic_optimizer, None, {**batch, "returns": returns}, cfg,
                                       critic_step, "critic", mbs, dtype)
             with timed("update_actor", timing):
-                m_update.update(update(policy, optimizer, scheduler, batch, cfg, actor_step, "actor", mbs, dtype))
+                m_update.update(update(policy, optimizer, scheduler, batch, cfg, actor_step, "actor", mbs,
+                                       dtype))
             if val_rows and (step == cfg.max_steps or (cfg.val_every and step % cfg.val_every == 0)):
                 with timed("testing", timing), autocast(device, dtype):
                     val = validate(policy, tokenizer, val_rows, scorer, cfg, rank, world)
@@ -320,7 +255,8 @@ def main(argv: list[str] | None = None) -> dict:
         if not math.isfinite(m["actor/pg_loss"]):
             raise FloatingPointError(f"non-finite loss at step {step}; see {metrics_file}")
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.max_steps:
-            checkpoint.save(accelerator, cfg, step, position, policy, optimizer, scheduler, critic, critic_optimizer)
+            checkpoint.save(accelerator, cfg, step, position, policy, optimizer, scheduler, critic,
+                            critic_optimizer)
     bar.close()
 
     # --- the end: the final model, the summary --------------------------------------------------------------

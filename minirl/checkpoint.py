@@ -49,7 +49,8 @@ def save(accelerator, cfg, step: int, position: int, policy, optimizer, schedule
     accelerator.wait_for_everyone()
 
 
-def resume(accelerator, cfg, policy, optimizer, scheduler, critic=None, critic_optimizer=None) -> tuple[int, int]:
+def resume(accelerator, cfg, policy, optimizer, scheduler, critic=None, critic_optimizer=None
+           ) -> tuple[int, int]:
     """(step, position) to start from: restored from a checkpoint when cfg.resume asks for one."""
     if not cfg.resume:
         root = checkpoint_root(cfg.output_dir)

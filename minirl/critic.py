@@ -31,7 +31,8 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.value_head.bias)
         self.value_head.to(next(self.body.parameters()).dtype)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int
+                ) -> torch.Tensor:
         """Values of the states before each response token, (N, R) fp32."""
         R = num_response_tokens
         hidden = self.body(input_ids=input_ids, attention_mask=attention_mask,

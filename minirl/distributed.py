@@ -57,7 +57,7 @@ all_reduce_sum = global_sum  # the name the sessions API and recipes use
 def global_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     """sum(x * mask) / sum(mask) over every process's entries, as one process holding them all computes it
     (e.g. the entropy per response token); 0 where the mask is empty everywhere."""
-    total = global_sum(torch.stack([(x * mask).sum().double(), mask.sum().double()]))
+    total = global_sum(torch.stack([(x * mask).sum(), mask.sum().to(x.dtype)]))
     return float(total[0] / total[1].clamp(min=1))
 
 
@@ -70,7 +70,7 @@ def global_counts(mask: torch.Tensor) -> tuple[float, float]:
 
 
 def global_max(x: float) -> float:
-    """The largest value of a number over all processes (e.g. so that every process picks one micro-batch size)."""
+    """The largest value of a number over all processes (e.g. so that all pick one micro-batch size)."""
     if world_size() == 1:
         return x
     return float(_all_reduce_cpu(torch.tensor([float(x)], dtype=torch.float64), dist.ReduceOp.MAX))
@@ -85,7 +85,7 @@ all_reduce_max, all_reduce_min = global_max, global_min
 
 
 def sum_over_processes(metrics: dict[str, float]) -> dict[str, float]:
-    """Sum each metric over processes: for per-process shares of a step total (the losses of forward_backward)."""
+    """Sum each metric over processes: for per-process shares of a step total (forward_backward's losses)."""
     if world_size() == 1 or not metrics:
         return metrics
     t = torch.tensor(list(metrics.values()), dtype=torch.float64)
@@ -107,7 +107,9 @@ def gather_rows(*tensors: torch.Tensor) -> list[torch.Tensor]:
 
 def _device() -> torch.device:
     """The device collectives run on: the current GPU under NCCL, the CPU under gloo."""
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _all_reduce_cpu(t: torch.Tensor, op) -> torch.Tensor:
@@ -157,12 +159,14 @@ def shard(model, compute_dtype: torch.dtype = torch.float32) -> None:
 
     Mixed precision: the sharded parameters and the optimizer state stay fp32; FSDP casts the gathered copy
     to `compute_dtype` for forward/backward and reduces gradients in fp32 (so small updates are not lost)."""
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+    from torch.distributed.fsdp import (FSDPModule, MixedPrecisionPolicy, fully_shard,
+                                        register_fsdp_forward_method)
 
     from minirl.logprobs import _token_logprobs_unsharded
     root = _root(model)
     low = compute_dtype != torch.float32
-    mp = MixedPrecisionPolicy(param_dtype=compute_dtype if low else None, reduce_dtype=torch.float32 if low else None)
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype if low else None,
+                              reduce_dtype=torch.float32 if low else None)
     for layer in root.get_decoder().layers:
         fully_shard(layer, mp_policy=mp)
     fully_shard(root, mp_policy=mp)
@@ -172,8 +176,8 @@ def shard(model, compute_dtype: torch.dtype = torch.float32) -> None:
         unit.set_gradient_divide_factor(1.0)
         unit.set_force_sum_reduction_for_comms(True)
     # one pass per layer and step: FSDP's hooks would gather a layer twice if the shared prompt ran separately
-    root.minirl_token_logprobs = types.MethodType(functools.partial(_token_logprobs_unsharded, share_prompts=False),
-                                                  root)
+    unshared = functools.partial(_token_logprobs_unsharded, share_prompts=False)
+    root.minirl_token_logprobs = types.MethodType(unshared, root)
     register_fsdp_forward_method(root, "minirl_token_logprobs")
 
 
@@ -190,7 +194,7 @@ def gathered(model):
     finally:
         for unit in units:
             unit.reshard()
-            unit.set_reshard_after_forward(unit is not _root(model))  # FSDP2's default: the root keeps its params
+            unit.set_reshard_after_forward(unit is not _root(model))  # FSDP2's default: the root keeps them
 
 
 def full_state_dict(model) -> dict | None:

@@ -313,6 +313,6 @@ def load_reward_fn(spec: str) -> Callable:
     module_spec.loader.exec_module(module)
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise ConfigError(f"config key 'reward_fn': {file} defines no function {name!r}; define "
-                          f"def {name}(data_source, solution_str, ground_truth, extra_info) -> float there, or {usage}")
+        raise ConfigError(f"config key 'reward_fn': {file} defines no function {name!r}; define def {name}"
+                          f"(data_source, solution_str, ground_truth, extra_info) -> float there, or {usage}")
     return fn

@@ -63,7 +63,8 @@ def compute_advantages(cfg, rewards: torch.Tensor, batch: dict[str, torch.Tensor
     if cfg.algorithm == "grpo":
         if kl is not None:
             rewards = rewards - cfg.kl_coef * kl.sum(1)
-        return group_advantages(rewards, cfg.group_size, cfg.adv_estimator, cfg.adv_std, cfg.adv_eps), None, metrics
+        adv = group_advantages(rewards, cfg.group_size, cfg.adv_estimator, cfg.adv_std, cfg.adv_eps)  # (N,)
+        return adv, None, metrics
     token_rewards = outcome_token_rewards(rewards, mask, kl, cfg.kl_coef)                       # (N, R)
     adv, returns = gae(token_rewards, batch["old_values"], mask, cfg.gae_gamma, cfg.gae_lambda)  # (N, R)
     return whiten(adv, mask, total=total) * mask, returns, metrics
@@ -98,7 +99,9 @@ def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, 
     R = batch["response_mask"].shape[1]
     N = batch["input_ids"].shape[0]
     on_policy = "old_logp" not in batch
-    sums = {"pg_loss": 0.0, "kl_loss": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0, **({"entropy": 0.0} if on_policy else {})}
+    sums = {"pg_loss": 0.0, "kl_loss": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0}
+    if on_policy:
+        sums["entropy"] = 0.0
     for s in range(0, N, micro_batch_size):
         mb = {k: v[s:s + micro_batch_size] for k, v in batch.items()}
         mask = mb["response_mask"]

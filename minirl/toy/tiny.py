@@ -17,8 +17,9 @@ The result is saved with `save_pretrained` into a cache folder (built once, atom
 and from then on is loaded like any hub model, with `from_pretrained(path)`.
 
 The task: one-digit sums, "What is 7+8?" -> "#### 15" (100 distinct problems, so held-out rows are new draws
-from the same table, not unseen pairs: this demo measures RL sharpening a policy, not generalisation). Rewards are checked by `rewards.gsm8k_reward`, the same function
-that scores real GSM8K, so the toy run exercises the real reward path.
+from the same table, not unseen pairs: this demo measures RL sharpening a policy, not generalisation).
+Rewards are checked by `rewards.gsm8k_reward`, the same function that scores real GSM8K, so the toy run
+exercises the real reward path.
 """
 from __future__ import annotations
 
@@ -147,4 +148,4 @@ def write_tiny(folder: Path, warmup_steps: int = 200, seed: int = 0) -> None:
 
 def tiny_model_path() -> Path:
     """Where the built-in model lives; built on first use. Override the folder with MINIRL_CACHE."""
-    return cached_model(f"tiny-arith-{BUILD_VERSION}", write_tiny, "building the built-in tiny model (once, ~30 s)")
+    return cached_model(f"tiny-arith-{BUILD_VERSION}", write_tiny, "building the built-in tiny model (once, ~30s)")

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 import train
+from minirl import sampling
 from minirl.distributed import gathered, is_sharded, world_size
 from minirl.rollout import Rollout, concat_rollouts
 
@@ -30,7 +31,7 @@ def rank() -> int:
 
 
 def install_hooks(hooks: set[str], group_size: int) -> None:
-    real_sample, real_build_scorer = train.sample, train.build_scorer
+    real_sample, real_build_scorer = sampling.sample, train.build_scorer
 
     def sample(model, tokenizer, prompts, G, *args, **kwargs):
         if "fixed_sampling" in hooks:
@@ -57,7 +58,7 @@ def install_hooks(hooks: set[str], group_size: int) -> None:
         s = real_build_scorer(cfg, judge)
         return UnevenScorer(s.judge, s.code_style, s.extraction, s.reward_fn) if "uneven_rewards" in hooks else s
 
-    train.sample, train.build_scorer = sample, build_scorer
+    sampling.sample, train.build_scorer = sample, build_scorer
 
 
 def checksum(params) -> float:
