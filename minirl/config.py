@@ -33,6 +33,7 @@ class Config:
     lora_rank: int = 0                    # > 0: train a LoRA adapter (peft) instead of all weights
     lora_alpha: int = 32                  # LoRA scaling numerator (scale = alpha / rank)
     lora_dropout: float = 0.0             # must be 0 for RL (see check)
+    keep_dropout: bool = False            # keep the model's own dropout (off by default: sampling runs without it)
     lora_target_modules: str = "all-linear"  # peft's "all-linear", or comma-separated names (q_proj,v_proj)
     save_merged: bool = False             # with LoRA, also save the merged model to <output_dir>/merged
     # --- data ----------------------------------------------------------------------------------------------
@@ -192,6 +193,10 @@ def check(cfg: Config) -> None:
         raise ConfigError("config key 'lora_dropout' must be 0 for RL: generation runs without dropout, so with "
                           "it the trained policy is not the one that sampled (the PPO ratio is not 1 on-policy); "
                           "TRL's GRPO disables dropout for the same reason")
+    if cfg.keep_dropout and (cfg.mini_batches > 1 or cfg.ppo_epochs > 1):
+        raise ConfigError("config key 'keep_dropout' needs mini_batches: 1 and ppo_epochs: 1: with dropout the old "
+                          "log-probs are not those of the policy that sampled (ratio != 1 from the first "
+                          "mini-batch); only on-policy, where old_logp = logp.detach(), is it mere noise")
     if cfg.dtype == "float16":
         raise ConfigError("config key 'dtype': float16 needs loss scaling, which minirl does not do (small "
                           "gradients underflow to 0); use bfloat16 (A100, H100, recent CPUs) or float32 (V100, T4)")
