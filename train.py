@@ -4,11 +4,12 @@
     python train.py --config recipes/gsm8k.yaml --model_name_or_path /path/to/Qwen2.5-0.5B-Instruct
     accelerate launch train.py --config recipes/gsm8k.yaml ...       # same file, several GPUs
 
-The file reads top to bottom: setup, the training loop, the end. Each step runs the phases of verl's
-trainer (ray_trainer.fit), each timed as `timing_s/<phase>` like verl's marked_timer:
+The file reads top to bottom: setup, the training loop, the end. Each step runs the phases of verl's trainer
+with verl's names (verl/trainer/ppo/ray_trainer.py, `fit`: `with marked_timer("gen", timing_raw)`, ...; logged
+by metric_utils.compute_timing_metrics as `timing_s/<name>`; `timing_s/update` is actor + critic):
 
-    gen            G completions per prompt with HF generate           (minirl/rollout.py)
-    reward         the scorer's reward per completion                  (minirl/rewards.py)
+    gen            G completions per prompt with HF generate           (minirl/sampling.py, rollout.py)
+    reward         the scorer's reward per completion (DAPO: resample) (minirl/sampling.py, rewards.py)
     old_log_prob   log-probs of the sampling policy (skipped on-policy) (minirl/logprobs.py)
     ref            log-probs of the KL reference (kl_coef > 0)
     values         the critic's values (PPO)                           (minirl/critic.py)
