@@ -111,10 +111,12 @@ class Judge:
 
     def run(self, source: str, language: str, tests: list[dict], time_limit_s: float = 2.0,
             memory_limit_mb: int = 256, float_tolerance: float | None = None,
-            checker: dict | None = None) -> JudgeResult:
+            checker: dict | None = None, processes: bool = False) -> JudgeResult:
+        """Judge one program. `processes`: the problem needs new processes (by default one process, threads
+        allowed: fork, vfork and posix_spawn fail)."""
         return self.run_many([dict(source=source, language=language, tests=tests, time_limit_s=time_limit_s,
                                    memory_limit_mb=memory_limit_mb, float_tolerance=float_tolerance,
-                                   checker=checker)])[0]
+                                   checker=checker, processes=processes)])[0]
 
     def run_many(self, jobs: list[dict]) -> list[JudgeResult]:
         """Judge many programs in parallel; results in the order of `jobs`."""

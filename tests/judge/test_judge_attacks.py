@@ -125,7 +125,7 @@ def test_cpu_time_of_unreaped_children_is_counted(judge):
     print(3, flush=True)
     os._exit(0)
     """
-    res = run(judge, src, time_limit_s=1.0)
+    res = run(judge, src, time_limit_s=1.0, processes=True)   # a problem that allows processes
     assert res.verdict == "TLE", (res.verdict, res.tests)
 
 
@@ -224,7 +224,7 @@ def test_no_state_survives_between_tests_of_one_program(judge):
     """
     tests = [{"input": f"{i}\n", "output": str(i)} for i in range(4)]
     with Judge(workers=1, cgroups=judge.cgroups is not None) as j:
-        res = run(j, src, tests=tests, time_limit_s=5)
+        res = run(j, src, tests=tests, time_limit_s=5, processes=True)
     assert (res.verdict, res.passed) == ("WA", 1), res.message
 
 
@@ -511,7 +511,7 @@ def test_uid_mode_without_namespaces_still_judges_and_leaves_no_process():
     uid = lease.uids[0]
     orphan = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint(3)\n"
     try:
-        verdicts = [judge_job(src, "python", AB, time_limit_s=1.0, mode="uid", uid=uid).verdict
+        verdicts = [judge_job(src, "python", AB, time_limit_s=1.0, mode="uid", uid=uid, processes=True).verdict
                     for src in ("print(sum(map(int, input().split())))", "while True:\n    pass\n", orphan)]
         alive = subprocess.run(["ps", "-o", "pid=", "-u", str(uid)], capture_output=True, text=True).stdout.split()
     finally:
