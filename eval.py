@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--answer_extraction", choices=["strict", "flexible"], default="strict",
                     help="GSM8K-style rows: the number after '####' (strict) or the last number (flexible)")
     ap.add_argument("--judge_workers", type=int, default=0, help="0 = all cores")
+    ap.add_argument("--judge_isolation", choices=["strict", "weak"], default="strict",
+                    help="weak: judge even where the sandbox has no namespaces (see minirl/judge/README.md)")
     args = ap.parse_args(argv)
     ks = [int(k) for k in args.k.split(",") if k]
     if args.n < 1 or any(k < 1 or k > args.n for k in ks):
@@ -89,8 +91,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     rows = load_rows(args.data, split="test", limit=args.limit)
     judge = None
     if any(is_code(r) for r in rows):
-        from minirl.judge import Judge
-        judge = Judge(args.judge_workers or None)
+        from minirl.judge import Judge, require_isolation
+        judge = require_isolation(Judge(args.judge_workers or None), args.judge_isolation)
     greedy = args.temperature == 0
     with tqdm(total=len(rows), desc="generate + score", dynamic_ncols=True) as bar:
         records = evaluate(model, tokenizer, rows, n=args.n, greedy=greedy, temperature=args.temperature or 1.0,

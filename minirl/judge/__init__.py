@@ -7,8 +7,8 @@
 Read in this order: README.md (what is guaranteed), pool.py (the Judge), verdict.py (one program's verdict),
 compile.py, sandbox.py and sandbox.c (the isolation), host.py and cgroup.py (the host's folders, uids, cgroups).
 """
-from minirl.judge.pool import Judge, default_workers, main
+from minirl.judge.pool import Judge, default_workers, main, require_isolation
 from minirl.judge.verdict import CXX_FLAGS, LANGUAGES, VERDICTS, JudgeResult, judge_job, outputs_match
 
-__all__ = ["Judge", "JudgeResult", "judge_job", "outputs_match", "default_workers", "main", "CXX_FLAGS",
+__all__ = ["Judge", "require_isolation", "JudgeResult", "judge_job", "outputs_match", "default_workers", "main", "CXX_FLAGS",
            "LANGUAGES", "VERDICTS"]

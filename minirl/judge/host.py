@@ -68,7 +68,7 @@ def stage_dir() -> Path:
             with open(STAGE.with_name(STAGE.name + ".lock"), "w") as lock:   # judges of other processes
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 if not os.path.ismount(STAGE):
-                    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=700,nosuid,nodev", "minirl-stage",
+                    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=700,nosuid,nodev", "tmpfs",
                                     str(STAGE)], check=True, capture_output=True)
         return STAGE
 

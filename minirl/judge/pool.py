@@ -30,6 +30,7 @@ says which mode this machine allows, the README what each guarantees).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import threading
@@ -41,6 +42,8 @@ from minirl.judge.sandbox import WorkerSandbox, isolation_mode
 from minirl.judge.host import lease_uids
 from minirl.judge.verdict import (CXX_FLAGS, LANGUAGES, VERDICTS, Job, JudgeResult, Worker, judge_error,  # noqa: F401
                             judge_job, outputs_match, prepare)
+
+log = logging.getLogger(__name__)
 
 
 # --- the pool --------------------------------------------------------------------------------------------
@@ -189,6 +192,25 @@ class Judge:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+WEAK = {"uid": "without namespaces, programs see the host's files and may read what other runs leave there",
+        "rlimits": "without root, programs run as this process's uid and can read and write all its files"}
+
+
+def require_isolation(judge: Judge, setting: str) -> Judge:
+    """The judge, if its isolation is what `setting` ("strict" or "weak", the config's judge_isolation) accepts
+    for model output; else it is closed and a RuntimeError says what the weak mode loses."""
+    if setting not in ("strict", "weak"):
+        judge.close()
+        raise ValueError(f"judge_isolation must be 'strict' or 'weak', got {setting!r}")
+    if judge.isolation in WEAK:
+        line = f"the judge runs in {judge.isolation!r} mode: {WEAK[judge.isolation]}"
+        if setting == "strict":
+            judge.close()
+            raise RuntimeError(f"{line}. Run as root where namespaces work, or set judge_isolation: weak")
+        log.warning("%s (judge_isolation: weak)", line)
+    return judge
 
 
 def main(argv: list[str] | None = None) -> int:
