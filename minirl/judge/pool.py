@@ -38,7 +38,8 @@ from pathlib import Path
 
 from minirl.judge.cgroup import Cgroups
 from minirl.judge.compile import pch_dir
-from minirl.judge.sandbox import WorkerSandbox, isolation_mode
+from minirl.judge.sandbox import isolation_mode
+from minirl.judge.worker_sandbox import WorkerSandbox
 from minirl.judge.host import lease_uids
 from minirl.judge.verdict import (CXX_FLAGS, LANGUAGES, VERDICTS, Job, JudgeResult, Worker, judge_error,  # noqa: F401
                             judge_job, outputs_match, prepare)

@@ -1,12 +1,10 @@
-"""Run programs in a deny-by-default sandbox: one run at a time, or many in a worker's sandbox kept open.
+"""Run a program in a deny-by-default sandbox (minirl/judge/worker_sandbox.py keeps one open for many runs).
 
     lease = lease_uids(2)                            # minirl/judge/host.py: uids no other live Judge holds
     mode = isolation_mode(lease.uids[0])             # "namespaces" | "uid" | "rlimits"
     r = run_sandboxed(["python3", "main.py"], rundir, "t0", uid=lease.uids[0], time_limit_s=2, memory_mb=256,
                       mode=mode, stdin="1 2\n", files={"main.py": rundir / "main.py"})
     r["returncode"], r["timed_out"], r["cpu_s"], r["max_rss_mb"], r["oom"], r["out"], r["err"]
-    box = WorkerSandbox(uid, cgroup)                  # "namespaces": one sandbox, many runs, one at a time
-    r = box.run(["./main"], ("main", binary), rundir, "t0", "1 2\n", time_limit_s=2, memory_mb=256)
 
 The judge (minirl/judge/verdict.py, pool.py) decides verdicts; this file only runs things. The sandbox itself is
 minirl/judge/sandbox.c (compiled once per machine), which says what a program sees: in "namespaces" mode (root, the
@@ -29,13 +27,12 @@ import os
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 from minirl.judge.cgroup import Cgroups, RunCgroup
-from minirl.judge.host import cache_dir, remove_tree, stage_dir, unique_tmp
+from minirl.judge.host import cache_dir, remove_tree, unique_tmp
 from minirl.judge.stdio import OUTPUT_LIMIT_BYTES, Capture, private_file, sealed_input
 
 log = logging.getLogger(__name__)
@@ -45,7 +42,7 @@ NPROC = 64                         # processes (threads too) per run
 # --- the sandbox helper ------------------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
-def _sandbox_helper_in(cache: Path) -> str | None:
+def sandbox_helper(cache: Path) -> str | None:
     """minirl/judge/sandbox.c compiled once per machine; None without a C compiler. Linked statically where libc.a
     exists: no dynamic loading on every run saves ~0.3 ms of the ~3 ms a sandbox costs."""
     src = Path(__file__).with_name("sandbox.c")
@@ -68,7 +65,7 @@ def _sandbox_helper_in(cache: Path) -> str | None:
     return str(binary)
 
 
-def _new_root(cache: Path) -> Path:
+def new_root(cache: Path) -> Path:
     """The empty folder each sandbox mounts its own root on (inside its private mount namespace)."""
     d = cache / "newroot"
     d.mkdir(mode=0o700, exist_ok=True)
@@ -79,15 +76,15 @@ def isolation_mode(uid: int) -> str:
     """"namespaces" (root, sandbox.c builds and its namespaces work), "uid" (root, no namespaces) or
     "rlimits" (not root)."""
     if os.geteuid() != 0:
-        if _sandbox_helper_in(cache_dir()) is None:
+        if sandbox_helper(cache_dir()) is None:
             log.warning("no C compiler to build the sandbox (minirl/judge/sandbox.c): programs can signal the judge")
         return "rlimits"
-    helper = _sandbox_helper_in(cache_dir())
+    helper = sandbox_helper(cache_dir())
     if helper is None:
         raise RuntimeError("the judge needs a C compiler (cc) to build its sandbox (minirl/judge/sandbox.c) when run as "
                            "root: install gcc")
     probe = [helper, "-u", str(uid), "-t", "5", "-m", str(1 << 30), "-f", "1024", "-p", "8"]
-    ok = subprocess.run(probe + ["-i", str(_new_root(cache_dir())), "-s", "1", "--", "true"], capture_output=True,
+    ok = subprocess.run(probe + ["-i", str(new_root(cache_dir())), "-s", "1", "--", "true"], capture_output=True,
                         timeout=30)
     if ok.returncode == 0:
         return "namespaces"
@@ -113,13 +110,13 @@ def memory_plan(memory_mb: int, scratch_mb: int | None = None) -> tuple[int, int
     return max(memory_mb - tmpfs - PIPES_MB, 1) << 20, tmpfs
 
 
-def _begin(cg: RunCgroup, memory_mb: int) -> None:
+def begin_cgroup(cg: RunCgroup, memory_mb: int) -> None:
     """A run's cgroup limits (memory: the limit and KERNEL_MB; page cache is reclaimed before it counts) and
     counters' start."""
     cg.begin((memory_mb + KERNEL_MB) << 20, NPROC)
 
 
-def _joins(cg: RunCgroup) -> list[str]:
+def cgroup_options(cg: RunCgroup) -> list[str]:
     """sandbox.c's options that make it join the cgroup."""
     return [a for p in cg.procs for a in ("-g", p)]
 
@@ -145,12 +142,12 @@ def run_sandboxed(argv: list[str], rundir: Path, name: str, *, uid: int, time_li
     files = files or {}
     report = rundir / f"{name}.usage"
     cache = cache_dir()
-    helper = _sandbox_helper_in(cache)
+    helper = sandbox_helper(cache)
     cg, host_work = None, None
     as_bytes, tmpfs_mb = memory_plan(memory_mb, scratch_mb)
     if mode == "namespaces":
         cwd = "/"
-        opts = ["-i", str(_new_root(cache)), "-s", str(tmpfs_mb)]
+        opts = ["-i", str(new_root(cache)), "-s", str(tmpfs_mb)]
         opts += ["-w", str(workdir)] if workdir else []
         opts += [a for dest, src in files.items() for a in ("-b", f"{src}:{dest}")]
     else:                                             # the host's folders: a work folder of its own
@@ -160,12 +157,12 @@ def run_sandboxed(argv: list[str], rundir: Path, name: str, *, uid: int, time_li
     if cgroups is not None:
         try:
             cg = cgroups.run(f"u{uid}")
-            _begin(cg, memory_mb)
-            opts += _joins(cg)
+            begin_cgroup(cg, memory_mb)
+            opts += cgroup_options(cg)
         except OSError as e:
             log.warning("no cgroup for this run (%s): rlimits only", e)
             cg = None
-    cpu_s, fsize = _cpu_and_file_limits(time_limit_s, output_limit)
+    cpu_s, fsize = cpu_and_file_limits(time_limit_s, output_limit)
     nproc = 0 if mode == "rlimits" else NPROC         # RLIMIT_NPROC counts all the judge's own processes there
     if helper:
         cmd = [helper, "-u", str(_as_uid(uid, mode)), "-t", str(cpu_s), "-m", str(as_bytes), "-f", str(fsize),
@@ -184,7 +181,7 @@ def run_sandboxed(argv: list[str], rundir: Path, name: str, *, uid: int, time_li
             cap.close_writers()
             timed_out = not _wait(proc.pid, cap, t0 + wall_s)  # sleep(), blocking reads
             if timed_out:
-                _stop(proc.pid)
+                stop_launcher(proc.pid)
             _, status, usage = os.wait4(proc.pid, 0)
             wall = time.perf_counter() - t0
             _kill_group(proc.pid)                     # anything left in the group goes too
@@ -212,7 +209,7 @@ def run_sandboxed(argv: list[str], rundir: Path, name: str, *, uid: int, time_li
             "cpu_s": cpu, "max_rss_mb": rss_mb, "oom": oom, "out": cap.out, "err": cap.err}
 
 
-def _cpu_and_file_limits(time_limit_s: float, output_limit: int) -> tuple[int, int]:
+def cpu_and_file_limits(time_limit_s: float, output_limit: int) -> tuple[int, int]:
     """RLIMIT_CPU (the total is checked by the judge) and RLIMIT_FSIZE of one run."""
     return max(1, math.ceil(time_limit_s)) + 1, output_limit + 1
 
@@ -243,130 +240,6 @@ class _CompilerOutput:
         pass
 
 
-class WorkerSandbox:
-    """A worker's sandbox, kept open for its whole life ("namespaces" mode; sandbox.c's -c): the new root and
-    namespaces are built, and the cgroup joined, once; each `run` is a request that the sandbox's init serves
-    with a fresh process in mount, PID and IPC namespaces of its own (fresh /work and /tmp), killed and reaped
-    with everything it started before the reply. ~1.3 ms a run instead of ~3.5 ms, and no cgroup join per program
-    (a join can wait ~15 ms for an RCU grace period). `run` returns what `run_sandboxed` does. A run past its wall
-    limit, or a sandbox that died, ends it (and everything it ran, before `run` returns): `alive` turns False and
-    the next run needs a new one. The cgroup must be this sandbox's alone while it is open."""
-
-    def __init__(self, uid: int, cgroup: RunCgroup | None):
-        self.uid, self.cgroup = uid, cgroup
-        cache = cache_dir()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        for left in cache.glob(f"sandbox-{uid}-*"):    # a judge that died holding this uid left them
-            if left.is_dir():
-                remove_tree(left)
-            else:
-                left.unlink(missing_ok=True)
-        # the program file of the run in progress, copied here: a folder on a tmpfs of the judge's own, bound
-        # read-only at /.run/bin, so that the program's /proc/self/mountinfo names "/u<uid>", no host path
-        self._files = stage_dir() / f"u{uid}"
-        remove_tree(self._files)
-        self._files.mkdir(mode=0o700)
-        self._staged: dict[str, tuple] = {}            # name -> (device, inode, size, mtime) of the file staged
-        opts = ["-u", str(uid), "-p", str(NPROC), "-i", str(_new_root(cache)), "-b", f"{self._files}:/.run/bin",
-                "-c", str(theirs.fileno())]
-        opts += _joins(cgroup) if cgroup else []
-        self._errors = cache / f"sandbox-{uid}-{os.getpid()}.err"   # the sandbox's own failures
-        try:
-            with open(self._errors, "wb") as err:
-                self._proc = subprocess.Popen(
-                    [_sandbox_helper_in(cache), *opts], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                    stderr=err, cwd="/", env={**ENV, "HOME": "/work"}, pass_fds=(theirs.fileno(),),
-                    start_new_session=True)
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        self._sock, self.alive = ours, True
-
-    def _stage(self, name: str, src: Path) -> None:
-        """Copy the program's file in, unless it is the one already there (a job's tests, one after another)."""
-        st = os.stat(src)
-        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if self._staged.get(name) != key:
-            self._staged.pop(name, None)
-            tmp = unique_tmp(self._files / name)
-            shutil.copyfile(src, tmp)
-            os.chmod(tmp, 0o755)
-            os.replace(tmp, self._files / name)
-            self._staged[name] = key
-
-    def run(self, argv: list[str], file: tuple[str, Path], rundir: Path, name: str, stdin: str, *,
-            time_limit_s: float, memory_mb: int, output_limit: int = OUTPUT_LIMIT_BYTES,
-            forks: bool = False) -> dict:
-        """Run `argv` in /work, where `file` (name, host path) is bound read-only; stdin `stdin` (sealed),
-        output to rundir/name.out and .err (through pipes)."""
-        cgroup = self.cgroup
-        if cgroup is not None:
-            try:
-                _begin(cgroup, memory_mb)
-            except OSError as e:                          # v1: a limit below what is still charged (EBUSY)
-                log.warning("no cgroup for this run (%s): rlimits only", e)
-                cgroup = None
-        as_bytes, tmpfs_mb = memory_plan(memory_mb)
-        cpu_s, fsize = _cpu_and_file_limits(time_limit_s, output_limit)
-        fields = [str(cpu_s), str(as_bytes), str(fsize), str(tmpfs_mb), "1" if forks else "0", file[0], *argv]
-        self._stage(*file)
-        timed_out, reply = False, b""
-        inp = sealed_input(stdin)
-        try:
-            with Capture(rundir, name, output_limit) as cap:
-                t0 = time.perf_counter()
-                try:
-                    socket.send_fds(self._sock, [b"".join(f.encode() + b"\0" for f in fields)],
-                                    [inp, cap.out_w, cap.err_w])
-                    cap.close_writers()
-                    timed_out = not cap.drain(self._sock.fileno(), t0 + time_limit_s * 2 + 1.0)  # sleep(), reads
-                    if not timed_out:
-                        reply = self._sock.recv(128)
-                except OSError:                        # init is gone: reply stays empty
-                    pass
-                wall = time.perf_counter() - t0
-                if not reply:
-                    self.close(kill=timed_out)         # every process of the run is gone when this returns
-                cap.finish()
-        finally:
-            os.close(inp)
-        status, cpu, rss_mb = 128 + signal.SIGKILL, 0.0, None
-        if reply:
-            fields = reply.split()
-            status, rss_mb = int(fields[0]), int(fields[1]) / 1024
-            cpu = float(fields[2]) + float(fields[3])
-        elif not timed_out:
-            status = 111
-            log.warning("a worker's sandbox ended: %s", self._errors.read_text(errors="replace")[-2000:])
-        oom = False
-        if cgroup is not None:
-            cpu = max(cpu, cgroup.cpu_s())            # counts even what a killed init never reaped
-            oom = cgroup.oom_killed()
-        return {"returncode": status, "timed_out": timed_out, "wall_s": wall, "cpu_s": cpu, "max_rss_mb": rss_mb,
-                "oom": oom, "out": cap.out, "err": cap.err}
-
-    def close(self, kill: bool = False) -> None:
-        """End it: closing the socket makes an idle init exit; one that does not within a second, or a program
-        past its limit, is stopped (init killed, and with it its PID namespace, before the launcher exits)."""
-        if not self.alive:
-            return
-        self.alive = False
-        self._sock.close()
-        try:
-            if kill:
-                _stop(self._proc.pid)
-            self._proc.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            _stop(self._proc.pid)
-            self._proc.wait()
-        if self.cgroup:
-            self.cgroup.kill_all()
-        self._errors.unlink(missing_ok=True)
-        remove_tree(self._files)
-
-
 def _work_folder(path: Path, files: dict[str, Path], uid: int | None) -> Path:
     """Outside namespaces: a folder only `uid` can enter, holding hard links (or copies) of `files`."""
     path.mkdir(mode=0o700)
@@ -389,7 +262,7 @@ def _wait(pid: int, cap, deadline: float) -> bool:
         os.close(fd)
 
 
-def _stop(launcher: int, timeout_s: float = 2.0) -> None:
+def stop_launcher(launcher: int, timeout_s: float = 2.0) -> None:
     """End a run past its wall limit: SIGTERM makes sandbox.c's launcher kill its init (and with it the init's
     PID namespace) and exit once it is reaped, so that nothing of the run is left when the launcher's exit is
     seen. A launcher that does not exit in time is killed with its whole process group."""

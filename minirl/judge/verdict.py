@@ -17,10 +17,7 @@ does, a result comes back; a failure of the judge itself on one job is logged an
 from __future__ import annotations
 
 import logging
-import math
-import mmap
 import os
-import re
 import signal
 import tempfile
 import threading
@@ -28,8 +25,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from minirl.judge.cgroup import Cgroups
+from minirl.judge.compare import output_file_matches, outputs_match  # noqa: F401 (re-exported)
 from minirl.judge.compile import MESSAGE_LIMIT, compile_cpp, tail
-from minirl.judge.sandbox import WorkerSandbox, isolation_mode, run_sandboxed
+from minirl.judge.sandbox import isolation_mode, run_sandboxed
+from minirl.judge.worker_sandbox import WorkerSandbox
 from minirl.judge.stdio import OUTPUT_LIMIT_BYTES
 from minirl.judge.host import cache_dir, lease_uids, remove_tree
 
@@ -51,45 +50,6 @@ class JudgeResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-# --- comparing -------------------------------------------------------------------------------------------
-
-_TOKEN = re.compile(rb"\S+")       # bytes.split()'s whitespace: space, \t, \n, \r, \v, \f
-
-
-def outputs_match(actual: bytes | str | mmap.mmap, expected: str, float_tolerance: float | None = None) -> bool:
-    """Token-wise and whitespace-insensitive, on bytes; stops at the first mismatch or the first token past the
-    expected ones, so 64 MiB of garbage costs one token. With a tolerance, numeric tokens match if both are
-    finite and |a-b| <= tol*max(1,|b|) (an expected "inf" must then be printed as the same token)."""
-    want = expected.encode().split()
-    actual = actual.encode() if isinstance(actual, str) else actual
-    n = 0
-    for m in _TOKEN.finditer(actual):
-        if n == len(want):
-            return False
-        x, y = m.group(), want[n]
-        n += 1
-        if x != y and not (float_tolerance is not None and _close(x, y, float_tolerance)):
-            return False
-    return n == len(want)
-
-
-def _close(x: bytes, y: bytes, tol: float) -> bool:
-    try:
-        fx, fy = float(x), float(y)
-    except ValueError:
-        return False
-    return math.isfinite(fx) and math.isfinite(fy) and abs(fx - fy) <= tol * max(1.0, abs(fy))
-
-
-def _output_matches(path: Path, expected: str, float_tolerance: float | None) -> bool:
-    """The program's output file against the expected text, mapped rather than read (never decoded)."""
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return outputs_match(b"", expected, float_tolerance)
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return outputs_match(data, expected, float_tolerance)
 
 
 # --- one job ---------------------------------------------------------------------------------------------
@@ -288,7 +248,7 @@ def _run_test(job: Job, i: int, worker: Worker) -> tuple[dict, str]:
     v = _classify(r, job.time_limit_s, job.memory_mb, OUTPUT_LIMIT_BYTES)
     if v is None:
         ok = _check(job.checker, test, r["out"], root, i, uid, job.mode, job.cgroups) if job.checker else \
-            _output_matches(r["out"], test["output"], job.float_tolerance)
+            output_file_matches(r["out"], test["output"], job.float_tolerance)
         v = "AC" if ok else "WA"
     result = {"verdict": v, "time_s": round(r["cpu_s"], 4), "wall_s": round(r["wall_s"], 4),
               "memory_mb": None if r["max_rss_mb"] is None else round(r["max_rss_mb"], 1)}
