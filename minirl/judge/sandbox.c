@@ -419,6 +419,13 @@ static int serve(int sock, uid_t uid, rlim_t nproc) {
     }
 }
 
+/* /proc/PID/cmdline is anyone's to read, and a run's init is PID 1 of its namespace: its options name host paths
+ * (the cache, the cgroup and with it the judge's pid). Blank them once used (the program's own argv stays). */
+static void hide_options(int n, char **argv) {
+    for (int i = 0; i < n; i++) memset(argv[i], 0, strlen(argv[i]));
+    prctl(PR_SET_NAME, "init");                        /* comm: the helper's file name otherwise */
+}
+
 static pid_t init_pid;                                 /* the launcher's child, for `stop` */
 
 /* SIGTERM to the launcher (the judge, at a wall-clock limit): kill init, whose PID namespace goes with it, and
@@ -490,9 +497,10 @@ int main(int argc, char **argv) {
     if (!isolated) prctl(PR_SET_CHILD_SUBREAPER, 1);  /* orphans (setsid or not) come back to us */
     if (isolated) {
         build_root(workdir, binds, nbinds, with_proc);
-        if (sock >= 0) _exit(serve(sock, uid, l.nproc));
+        if (sock >= 0) { hide_options(argc, argv); _exit(serve(sock, uid, l.nproc)); }
         scratch(uid, tmpfs_mb, workdir != NULL, binds, nbinds);
     }
+    hide_options(optind, argv);
     pid_t child = fork();
     if (child < 0) die("fork");
     if (child > 0) {

@@ -96,17 +96,17 @@ def isolation_mode(uid: int) -> str:
 # --- one run -----------------------------------------------------------------------------------------------------
 
 KERNEL_MB = 16                     # a cgroup's room beyond the limit: page tables, the sandbox's own processes
-PIPES_MB = 2                       # at most 31 pipes (64 descriptors) of 64 KiB the filter keeps them at
+PIPES_MB = 4                       # 31 pipes of 64 KiB (the filter keeps them at that), and stdout/stderr's
 
 
 def memory_plan(memory_mb: int, scratch_mb: int | None = None) -> tuple[int, int]:
     """(RLIMIT_AS bytes, tmpfs MiB) of a run: the tmpfs (/work and /tmp) takes its share of the limit, so the
     address space, the files and the pipes a program can hold stay within it with or without a cgroup. Contest
-    programs write no files: 1/16 of the limit, 4 to 64 MiB. With `scratch_mb` (the compiler, trusted) the
+    programs write no files: 1/32 of the limit, 4 to 64 MiB. With `scratch_mb` (the compiler, trusted) the
     limit is the address space's alone."""
     if scratch_mb is not None:
         return memory_mb << 20, scratch_mb
-    tmpfs = min(64, max(4, memory_mb // 16))
+    tmpfs = min(64, max(4, memory_mb // 32))
     return max(memory_mb - tmpfs - PIPES_MB, 1) << 20, tmpfs
 
 

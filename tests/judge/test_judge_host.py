@@ -417,16 +417,17 @@ def test_rlimits_mode_a_program_cannot_kill_the_judge():
 
 @root_only
 def test_the_program_sees_no_host_path_pid_or_cgroup(judge):
-    """/proc/self/mountinfo, cgroup, maps and the links of its descriptors must name nothing of the host: not
-    the judge's folders, its pid, or its cgroups."""
+    """/proc/self/mountinfo, cgroup, maps, the links of its descriptors and what its init (PID 1) shows anyone
+    must name nothing of the host: not the judge's folders, its pid, or its cgroups."""
     cache = str(cache_dir())
     src = f"""
     import os, re, sys
     seen = []
     text = ''
-    for name in ('mountinfo', 'cgroup', 'maps', 'mounts'):
+    for name in ('self/mountinfo', 'self/cgroup', 'self/maps', 'self/mounts', '1/cmdline', '1/mountinfo',
+                 '1/cgroup', '1/environ', 'self/environ'):
         try:
-            text += open('/proc/self/' + name).read()
+            text += open('/proc/' + name, errors='replace').read()
         except OSError:
             pass
     for fd in os.listdir('/proc/self/fd'):
