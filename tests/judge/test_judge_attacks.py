@@ -7,7 +7,6 @@ cgroups (`cgroups=False` is what a host without writable cgroups gets), so both 
 import fcntl
 import json
 import os
-import platform
 import subprocess
 import sys
 import textwrap
@@ -18,23 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from attack_helpers import AB, judge, root_only, run, x86_64  # noqa: F401 (judge: a fixture)
 from conftest import ROOT, SHARED
 from minirl.judge import Judge, outputs_match
 from minirl.judge.host import cache_dir, lease_folder, lease_uids, remove_tree
 
-AB = [{"input": "1 2\n", "output": "3"}]
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox's namespaces need root")
-x86_64 = pytest.mark.skipif(platform.machine() != "x86_64", reason="raw syscall numbers are x86_64's")
-
-
-@pytest.fixture(scope="module", params=[True, False], ids=["cgroups", "no-cgroups"])
-def judge(request):
-    with Judge(workers=2, cgroups=request.param) as j:
-        yield j
-
-
-def run(judge, src, language="python", tests=AB, **kw):
-    return judge.run(textwrap.dedent(src), language, tests, **kw)
 
 
 # --- reward integrity: a non-solution must not get AC -----------------------------------------------------------
@@ -331,7 +318,7 @@ def test_a_judge_keeps_one_sandbox_per_worker_and_leaves_none(judge):
     from minirl.judge.sandbox import sandbox_helper
     helper = sandbox_helper(cache_dir())
 
-    def sandboxes():  # each is two processes: the launcher and its init
+    def sandboxes():  # their launchers (an init blanks its command line, which named host paths)
         def cmdline(pid):
             try:
                 return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
@@ -343,7 +330,7 @@ def test_a_judge_keeps_one_sandbox_per_worker_and_leaves_none(judge):
     with Judge(workers=2, cgroups=judge.cgroups is not None) as j:
         for _ in range(2):
             assert [r.verdict for r in j.run_many(jobs)] == ["AC"] * 3
-            assert len(set(sandboxes()) - set(before)) == 2 * 2
+            assert len(set(sandboxes()) - set(before)) == 2
     assert set(sandboxes()) - set(before) == set()
 
 
