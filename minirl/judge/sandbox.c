@@ -1,29 +1,35 @@
 /* minirl's sandbox launcher: one process that builds a deny-by-default sandbox and runs a program in it.
- * judge.py compiles it once per machine (sandbox.py: `_sandbox_helper`).
+ * minirl/judge/sandbox.py compiles it once per machine (`sandbox_helper`). One file, longer than the house's
+ * 350 lines, on purpose: it is what a reviewer of the isolation must read, and it is read as a whole (the seccomp
+ * filter, the new root and the init that reaps depend on each other's order); split, no part would make sense.
  *
- *   sandbox -u UID -t CPU_S -m AS_BYTES -f FSIZE_BYTES -p NPROC [-r REPORT] [-g CGROUP_PROCS]...
+ *   sandbox -u UID -t CPU_S -m AS_BYTES -f FSIZE_BYTES -p NPROC [-r REPORT] [-g CGROUP_PROCS]... [-F] [-C] [-N]
  *           [-i NEWROOT -s TMPFS_MB [-w HOST_DIR] [-b HOST_PATH:PATH]...] -- PROGRAM [ARGS...]
  *   sandbox -u UID -p NPROC [-g CGROUP_PROCS]... -i NEWROOT -b HOST_DIR:/.run/bin -c FD
  *
  * -g: join these cgroups first (a cgroup.procs file per controller; sandbox.py creates them).
- * -i: isolate. New mount, PID, network, IPC and UTS namespaces, and a new root on the empty folder NEWROOT: read-only
- *     binds of /usr and /lib* (and /bin, /sbin), a minimal /etc, /dev/{null,zero,full,random,urandom}, a /proc of
- *     the new PID namespace, and the only writable places, /work and /tmp, on one tmpfs of TMPFS_MB (`scratch`).
- *     /work is empty and owned by UID, or HOST_DIR bound read-write (-w, the compiler's output). -b binds
- *     HOST_PATH read-only at PATH (a relative PATH is in /work). The old root is detached: nothing else of the
- *     host is reachable.
+ * -i: isolate. New mount, PID, network, IPC, UTS and cgroup namespaces, and a new root on the empty folder
+ *     NEWROOT: read-only binds of /usr and /lib* (and /bin, /sbin), a minimal /etc, /dev/{null,zero,full,random,
+ *     urandom}, a /proc of the new PID namespace (none with -N: the compiler), and the only writable places,
+ *     /work and /tmp, on one tmpfs of TMPFS_MB (`scratch`). /work is empty and owned by UID, or HOST_DIR bound
+ *     read-write (-w, the compiler's output). -b binds HOST_PATH read-only at PATH (a relative PATH is in /work).
+ *     The old root is detached: nothing else of the host is reachable.
  * -c: serve (with -i, instead of a program): build the sandbox once, then run what each request on the unix
- *     socket FD says (`serve`: limits, a program file, argv, stdin/stdout/stderr). Each run gets mount, PID and
- *     IPC namespaces of its own under an init of its own (fresh /work and /tmp, PIDs from 1) and is killed and
- *     reaped with everything it started before the reply, a line "STATUS MAX_RSS_KB USER_S SYS_S". The socket
- *     closing ends the sandbox. A run this way costs ~1.3 ms instead of ~3.5 ms for a whole sandbox here, and
- *     the sandbox joins its cgroups once (a join can wait ~15 ms for an RCU grace period).
- * Always: rlimits, drop to UID (no groups, no new privileges), a seccomp filter (see `deny`), then exec.
+ *     socket FD says (`serve`: limits, whether processes are allowed, a program file, argv, stdin/stdout/stderr).
+ *     Each run gets mount, PID and IPC namespaces of its own under an init of its own (fresh /work and /tmp,
+ *     PIDs from 1) and is killed and reaped with everything it started before the reply, a line "STATUS
+ *     MAX_RSS_KB USER_S SYS_S". The socket closing ends the sandbox. A run this way costs ~1.3 ms instead of
+ *     ~3.5 ms for a whole sandbox here, and the sandbox joins its cgroups once (a join can wait ~15 ms for an
+ *     RCU grace period).
+ * -F: new processes allowed (else threads only); -C: no file creation (the host's folders, "uid" mode).
+ * Always: rlimits, drop to UID (no groups, no new privileges; without root UID is the caller's own), a seccomp
+ * filter (see `install_seccomp`), then exec. SIGTERM to the launcher ends the run: it kills init and exits once
+ * init is reaped, when nothing of the run is left.
  *
  * The program runs under a minimal init (PID 1 in the new namespace; a child subreaper without -i). When the
- * program exits, init kills every process left (PID 1's kill(-1), or kill(-1) as UID) and reaps them all, so
- * REPORT's "MAX_RSS_KB USER_S SYS_S" covers every descendant, forked children that were never waited for
- * included. Exit status: the program's, or 128+signal; 111 if the sandbox itself could not be set up.
+ * program exits, init kills every process left (PID 1's kill(-1), kill(-1) as UID, or the program's process
+ * group as the caller's own uid) and reaps them all, so REPORT's "MAX_RSS_KB USER_S SYS_S" covers every
+ * descendant it reaped. Exit status: the program's, or 128+signal; 111 if the sandbox itself could not be set up.
  */
 #define _GNU_SOURCE
 #include <errno.h>
