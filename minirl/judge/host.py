@@ -68,8 +68,11 @@ def stage_dir() -> Path:
             with open(STAGE.with_name(STAGE.name + ".lock"), "w") as lock:   # judges of other processes
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 if not os.path.ismount(STAGE):
-                    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=700,nosuid,nodev", "tmpfs",
-                                    str(STAGE)], check=True, capture_output=True)
+                    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=700,nosuid,nodev", "tmpfs",
+                                        str(STAGE)], capture_output=True, text=True)
+                    if r.returncode != 0:   # still private (0700), but a program's mountinfo names the path
+                        log.warning("cannot mount the judge's staging tmpfs (%s): programs see its host path",
+                                    r.stderr.strip())
         return STAGE
 
 
