@@ -24,8 +24,9 @@ the sequential judge gives whatever order its tests ran in) is minirl/judge/verd
 Failures are verdicts: whatever a program does, `run`/`run_many` return a result for it (a failure of the judge
 itself on one job is logged and returned as RE); only a call the caller got wrong (an unknown language) raises.
 
-Isolation: minirl/judge/sandbox.c and sandbox.py (a new root per program, seccomp, cgroups, leased uids; `Judge.isolation`
-says which mode this machine allows, the README what each guarantees).
+Isolation: minirl/judge/sandbox.c, worker_sandbox.py and sandbox.py (a new root per program, seccomp, cgroups,
+leased uids; `Judge.isolation` says which mode this machine allows, minirl/judge/README.md what each
+guarantees, `require_isolation` refuses the weak ones for model output unless the config accepts them).
 """
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ from minirl.judge.verdict import (CXX_FLAGS, LANGUAGES, VERDICTS, Job, JudgeResu
                             judge_job, outputs_match, prepare)
 
 log = logging.getLogger(__name__)
+WEAK = {  # the modes short of "namespaces", and what each loses
+    "uid": "without namespaces, programs see the host's files and may read what other runs leave there",
+    "rlimits": "without root, programs run as this process's uid and can read and write all its files"}
 
 
 # --- the pool --------------------------------------------------------------------------------------------
@@ -107,6 +111,8 @@ class Judge:
         for uid in self._lease.uids:
             self._uids.put(uid)
         self.isolation = isolation_mode(self._lease.uids[0])
+        if self.isolation in WEAK:
+            log.warning("the judge runs in %r mode: %s", self.isolation, WEAK[self.isolation])
         self.cgroups = Cgroups.detect() if cgroups and self.isolation != "rlimits" else None
         self._boxes: dict[int, WorkerSandbox] = {}  # uid -> its sandbox, kept open across run_many calls
         self._calls = 0                        # run_many calls in flight: close() waits for them
@@ -193,10 +199,6 @@ class Judge:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-WEAK = {"uid": "without namespaces, programs see the host's files and may read what other runs leave there",
-        "rlimits": "without root, programs run as this process's uid and can read and write all its files"}
 
 
 def require_isolation(judge: Judge, setting: str) -> Judge:
