@@ -475,6 +475,9 @@ int main(int argc, char **argv) {
         return 111;
     }
     char **program = argv + optind;
+    /* not dumpable: without root the program shares our uid, and would otherwise write our memory through
+     * /proc/PID/mem (init and launcher run without the seccomp filter); exec makes the program dumpable again */
+    prctl(PR_SET_DUMPABLE, 0);
     /* a single run's judge waits in the thread that started it, so that thread's end is the judge's; a serving
      * sandbox outlives the thread that started it and watches its socket instead (`judge_left`) */
     if (sock < 0) prctl(PR_SET_PDEATHSIG, SIGKILL);

@@ -78,6 +78,7 @@ def isolation_mode(uid: int) -> str:
     if os.geteuid() != 0:
         if sandbox_helper(cache_dir()) is None:
             log.warning("no C compiler to build the sandbox (minirl/judge/sandbox.c): programs can signal the judge")
+        _not_dumpable()
         return "rlimits"
     helper = sandbox_helper(cache_dir())
     if helper is None:
@@ -91,6 +92,16 @@ def isolation_mode(uid: int) -> str:
     log.warning("sandbox namespaces do not work here (%s): programs will see the host's files",
                 ok.stderr.decode(errors="replace").strip())
     return "uid"
+
+
+def _not_dumpable() -> None:
+    """Without root, programs run as this process's uid: make its /proc/PID files (mem, fd, environ) root's, so
+    they cannot write its memory or reopen its descriptors. (Core dumps of this process are lost with it.)"""
+    import ctypes
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE, 0
+    except (OSError, AttributeError):
+        log.warning("cannot make the judging process undumpable: programs may write its memory")
 
 
 # --- one run -----------------------------------------------------------------------------------------------------

@@ -177,17 +177,23 @@ def test_the_judging_process_cannot_be_signalled_or_reniced(judge):
 @root_only
 @pytest.mark.skipif(not os.access(PYTHON, os.X_OK), reason="needs /usr/bin/python3")
 def test_rlimits_mode_a_program_cannot_kill_the_judge():
-    """Without root ("rlimits" mode) programs run as the judge's own uid: one kills every process it may
-    (kill(-1), each pid it sees) and the judge must survive to give its verdict."""
+    """Without root ("rlimits" mode) programs run as the judge's own uid: one opens the memory of every process
+    it sees for writing, then kills every process it may (kill(-1), each pid); the judge must survive to give its
+    verdict, AC only if no memory but its own could be opened."""
     lease = lease_uids(1)
     uid = lease.uids[0]
     tmp_path = Path(tempfile.mkdtemp(prefix="minirl-rlimits-"))   # pytest's is root's alone
     os.chown(tmp_path, uid, uid)
     (tmp_path / "attack.py").write_text(
         "import os, signal\n"
-        "for pid in [-1] + [int(p) for p in os.listdir('/proc') if p.isdigit()]:\n"
+        "pids = [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]\n"
+        "opened = []\n"
+        "for pid in pids:                                      # the judge's or the sandbox's memory\n"
+        "    try:\n        os.close(os.open(f'/proc/{pid}/mem', os.O_RDWR)); opened.append(pid)\n"
+        "    except OSError:\n        pass\n"
+        "for pid in [-1] + pids:\n"
         "    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\n"
-        "print(3)\n")
+        "print(3 if not opened else opened)\n")
     (tmp_path / "judge.py").write_text(
         "from pathlib import Path\nfrom minirl.judge import judge_job\n"
         f"r = judge_job(Path('attack.py').read_text(), 'python', [{{'input': '', 'output': '3'}}], uid={uid})\n"
@@ -200,7 +206,7 @@ def test_rlimits_mode_a_program_cannot_kill_the_judge():
     finally:
         lease.release()
         subprocess.run(["rm", "-rf", str(tmp_path)])
-    assert proc.returncode == 0 and "verdict" in proc.stdout, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+    assert proc.returncode == 0 and "verdict AC" in proc.stdout, (proc.returncode, proc.stdout, proc.stderr[-2000:])
 
 
 @root_only
