@@ -48,6 +48,9 @@ class Config:
                                           # rewards: function(data_source, solution_str, ground_truth,
                                           # extra_info) -> float (veRL's custom_reward_function)
     judge_workers: int = 0                # parallel sandboxed programs for code rewards (0 = all cores)
+    judge_isolation: Literal["strict", "weak"] = "strict"  # "weak": also judge where the sandbox cannot build its
+                                          # namespaces (no root: programs run as the trainer's uid, can read and
+                                          # write its files; root without namespaces: they see the host's files)
     # --- rollout -------------------------------------------------------------------------------------------
     prompts_per_step: int = 16            # B: prompts per training step (per process)
     group_size: int = 8                   # G: completions sampled per prompt; GRPO compares within a group
