@@ -61,13 +61,16 @@ class RemoteJudge:
     """`Judge`'s interface on judge servers over HTTP (minirl's or SandboxFusion); one per training run."""
 
     def __init__(self, urls: str | list[str], concurrency: int = 8, retries: int = 3, cooldown_s: float = 5.0,
-                 timeout_s: float | None = None):
+                 timeout_s: float | None = None, protocol: str = "auto"):
+        if protocol not in ("auto", "minirl", "sandboxfusion"):
+            raise ValueError(f"protocol must be 'auto', 'minirl' or 'sandboxfusion', got {protocol!r}")
         self.urls = parse_urls(urls)
         self.workers = concurrency * len(self.urls)   # requests in flight at most
         self.retries, self.cooldown_s, self.timeout_s = retries, cooldown_s, timeout_s
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="remote-judge")
         self._lock = threading.Lock()
-        self._kind: dict[str, str] = {}          # url -> "minirl" | "sandboxfusion", once known
+        # url -> "minirl" | "sandboxfusion": probed once per URL unless given (a minirl server speaks both)
+        self._kind: dict[str, str] = {} if protocol == "auto" else {url: protocol for url in self.urls}
         self._down_until: dict[str, float] = {}  # url -> time before which it is tried only as a last resort
 
     def run(self, source: str, language: str, tests: list[dict], time_limit_s: float = 2.0,
