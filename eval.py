@@ -50,6 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--answer_extraction", choices=["strict", "flexible"], default="strict",
                     help="GSM8K-style rows: the number after '####' (strict) or the last number (flexible)")
     ap.add_argument("--judge_workers", type=int, default=0, help="0 = all cores")
+    ap.add_argument("--judge_backend", choices=["local", "remote", "ray"], default="local",
+                    help="where code is judged (docs/judge_backends.md)")
+    ap.add_argument("--judge_urls", default="", help="remote: comma-separated servers; ray: the cluster address")
     args = ap.parse_args(argv)
     ks = [int(k) for k in args.k.split(",") if k]
     if args.n < 1 or any(k < 1 or k > args.n for k in ks):
@@ -89,8 +92,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     rows = load_rows(args.data, split="test", limit=args.limit)
     judge = None
     if any(is_code(r) for r in rows):
-        from minirl.judge import Judge
-        judge = Judge(args.judge_workers or None)
+        from minirl.judge.backends import build_judge
+        judge = build_judge(args)
     greedy = args.temperature == 0
     with tqdm(total=len(rows), desc="generate + score", dynamic_ncols=True) as bar:
         records = evaluate(model, tokenizer, rows, n=args.n, greedy=greedy, temperature=args.temperature or 1.0,

@@ -42,7 +42,7 @@ from minirl.loss import gae, group_advantages, kl_penalty, outcome_token_rewards
 from minirl.models import (adapter_disabled, autocast, build_policy, config_dtype, load_reference, load_tokenizer,
                            pick_attn_implementation, pick_dtype, resolve_model_path)
 from minirl.logprobs import batched_logprobs
-from minirl.judge import Judge
+from minirl.judge.backends import build_judge
 from minirl.rewards import is_code, load_reward_fn, overlong_penalty, score
 from minirl.rollout import Rollout, concat_rollouts, sample, select_groups
 from minirl.update import LossSettings, forward_backward, optim_step, warmup_constant_schedule
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                           "tokens; raise it")
     val_rows = load_rows(cfg.val_files, split="test", limit=cfg.val_max_samples) if cfg.val_files else []
     # one sandboxed judge pool for the whole run, only when there are code problems
-    judge = Judge(cfg.judge_workers or None) if any(is_code(r) for r in train_rows + val_rows) \
+    judge = build_judge(cfg) if any(is_code(r) for r in train_rows + val_rows) \
         and not cfg.reward_fn else None
 
     trainable = [p for p in policy.parameters() if p.requires_grad]  # with LoRA: the adapter only

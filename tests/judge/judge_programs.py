@@ -1,9 +1,11 @@
 """Fixed programs with known verdicts, shared by the tests of the judge's server, RemoteJudge and RayJudge."""
+from minirl.rewards import judge_completions
+
 AB = [{"input": "1 2\n", "output": "3"}, {"input": "5 7\n", "output": "12\n"}]
 AB_CPP = '#include <bits/stdc++.h>\nint main(){long long a,b; std::cin>>a>>b; std::cout<<a+b<<"\\n";}\n'
 AB_PY = "a, b = map(int, input().split())\nprint(a + b)\n"
 
-# (name, language, source, minirl's verdict on AB with a 1 s / 128 MiB limit)
+# (name, language, source, minirl's verdict on AB with a 0.5 s / 128 MiB limit)
 PROGRAMS = [
     ("ac_cpp", "cpp", AB_CPP, "AC"),
     ("ac_py", "python", AB_PY, "AC"),
@@ -18,7 +20,8 @@ PROGRAMS = [
     ("mle_cpp", "cpp", "#include <vector>\nint main(){ std::vector<char> v(1L<<33); return v[5]; }\n", "MLE"),
     ("mle_py", "python", "x = bytearray(2 * 1024**3)\n", "MLE"),
 ]
-TIME_LIMIT_S, MEMORY_MB = 1.0, 128
+TIME_LIMIT_S, MEMORY_MB = 0.5, 128
+JUDGE_COMPLETIONS = judge_completions  # the real one: train_verdicts wraps it
 
 
 def jobs(programs=PROGRAMS) -> list[dict]:
@@ -28,3 +31,33 @@ def jobs(programs=PROGRAMS) -> list[dict]:
 
 def summary(results) -> list[tuple[str, int, int]]:
     return [(r.verdict, r.passed, r.total) for r in results]
+
+
+def train_verdicts(tmp_path, tiny_path, monkeypatch, *args: str) -> tuple[list, list[float]]:
+    """train.py on a tiny code dataset, 2 steps of the toy model: every verdict its judge gave, and the
+    per-step mean rewards. The toy model writes no code block, so each completion's "program" is made from its
+    text (it prints the sum of its characters mod 3): the judge's verdicts then decide the rewards."""
+    import json
+    import train
+    from minirl import rewards
+    rows = [{"data_source": "toy_code", "ability": "code", "prompt": [{"role": "user", "content": f"Print {i % 3}."}],
+             "reward_model": {"style": "rule", "ground_truth": json.dumps(
+                 {"language": "python", "tests": [{"input": "", "output": str(i % 3)}] * 2, "time_limit_s": 2})},
+             "extra_info": {"index": i}} for i in range(4)]
+    data = tmp_path / "code.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    seen, judge_completions = [], JUDGE_COMPLETIONS
+
+    def recording(completions, problems, judge):
+        results = judge_completions(completions, problems, judge)
+        seen.extend((r.verdict, r.passed, r.total) for r in results)
+        return results
+
+    monkeypatch.setattr(rewards, "extract_code", lambda text, language: f"print({sum(map(ord, text)) % 3})")
+    monkeypatch.setattr(rewards, "judge_completions", recording)
+    out = tmp_path / ("run_" + "_".join(a.strip("-") for a in args[:2]) if args else "run_local")
+    train.main(["--model_name_or_path", str(tiny_path), "--train_files", str(data), "--val_files", "",
+                "--max_steps", "2", "--prompts_per_step", "2", "--group_size", "2", "--max_new_tokens", "8",
+                "--seed", "0", "--judge_workers", "1", "--output_dir", str(out), *args])
+    means = [json.loads(line)["critic/reward/mean"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return seen, means

@@ -3,8 +3,7 @@ import threading
 
 import pytest
 
-from judge_programs import AB, PROGRAMS, jobs, summary
-from minirl.judge import Judge
+from judge_programs import AB, PROGRAMS, jobs, summary, train_verdicts
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -32,15 +31,17 @@ def cluster():
         c.shutdown()
 
 
-def test_ray_judge_gives_the_local_judges_verdicts_from_both_nodes(cluster):
-    with Judge(workers=1) as local:
-        expected = summary(local.run_many(jobs()))
+def test_ray_judge_gives_the_local_judges_verdicts_from_both_nodes(cluster, local_verdicts):
     with RayJudge(chunk_size=2) as judge:
         assert len(judge.sync_nodes()) == 2 and judge.workers == 2  # a judge of 1 worker on each node
         nodes = {ray.get(a.ready.remote()) for a in judge._actors.values()}
         assert len(nodes) == 2  # pinned: one judge per node, never two on one
-        assert summary(judge.run_many(jobs())) == expected
-    assert [v for v, _, _ in expected] == [p[3] for p in PROGRAMS]
+        assert summary(judge.run_many(jobs())) == local_verdicts
+    assert [v for v, _, _ in local_verdicts] == [p[3] for p in PROGRAMS]
+
+
+def test_train_py_with_the_ray_judge_gets_the_local_rewards(cluster, local_train, tmp_path, tiny_path, monkeypatch):
+    assert train_verdicts(tmp_path, tiny_path, monkeypatch, "--judge_backend", "ray") == local_train
 
 
 def test_a_node_killed_mid_batch_leaves_its_chunks_to_the_survivor(cluster, caplog):

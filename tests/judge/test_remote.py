@@ -8,8 +8,7 @@ import threading
 
 import pytest
 
-from judge_programs import AB, MEMORY_MB, PROGRAMS, jobs, summary
-from minirl.judge import Judge
+from judge_programs import AB, MEMORY_MB, PROGRAMS, jobs, summary, train_verdicts
 from minirl.judge.remote import RemoteJudge
 
 
@@ -35,23 +34,17 @@ def servers():
         stop(proc)
 
 
-@pytest.fixture(scope="module")
-def local():
-    with Judge(workers=1) as judge:
-        yield summary(judge.run_many(jobs()))
-
-
-def test_remote_judge_gives_the_local_judges_verdicts(servers, local):
+def test_remote_judge_gives_the_local_judges_verdicts(servers, local_verdicts):
     with RemoteJudge(servers, concurrency=2) as judge:
         results = judge.run_many(jobs())
-    assert summary(results) == local
+    assert summary(results) == local_verdicts
     assert [r.verdict for r in results] == [p[3] for p in PROGRAMS]
 
 
-def test_sandboxfusion_protocol_gives_the_same_verdicts(servers, local):
+def test_sandboxfusion_protocol_gives_the_same_verdicts(servers, local_verdicts):
     """One /run_code per test, outputs compared client-side: what RemoteJudge does against a real SandboxFusion."""
     with RemoteJudge(servers, concurrency=2, protocol="sandboxfusion") as judge:
-        assert summary(judge.run_many(jobs())) == local
+        assert summary(judge.run_many(jobs())) == local_verdicts
 
 
 def test_a_server_killed_mid_batch_leaves_the_batch_to_the_other(servers):
@@ -78,3 +71,10 @@ def test_every_server_down_gives_a_judge_error_verdict_not_an_exception():
         res = judge.run(PROGRAMS[1][2], "python", AB)
     assert (res.verdict, res.passed, res.total) == ("RE", 0, 2)
     assert res.message.startswith("judge error: no judge server answered")
+
+
+def test_train_py_with_remote_judges_gets_the_local_rewards(servers, local_train, tmp_path, tiny_path, monkeypatch):
+    remote = train_verdicts(tmp_path, tiny_path, monkeypatch, "--judge_backend", "remote",
+                            "--judge_urls", ",".join(servers))
+    assert remote == local_train
+    assert len(local_train[0]) == 8 and {v for v, _, _ in local_train[0]} == {"AC", "WA"}  # the judge decided

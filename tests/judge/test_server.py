@@ -79,7 +79,8 @@ def _verl_utils():
 def test_verl_check_correctness_scores_like_sandboxfusion(server, name, language, source, verdict):
     utils = _verl_utils()
     in_outs = {"inputs": [t["input"] for t in AB], "outputs": [t["output"] + "\n" for t in AB]}
-    results, _ = utils.check_correctness(server.url + "/run_code", in_outs, source, timeout=int(TIME_LIMIT_S),
+    results, _ = utils.check_correctness(server.url + "/run_code", in_outs, source, timeout=1,  # veRL's timeout is whole seconds
+                                        
                                          memory_limit_mb=MEMORY_MB, language=language)
     expected = VERL[verdict] if not (language == "python" and verdict == "CE") else [-2, -2]
     assert results == expected
