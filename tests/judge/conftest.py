@@ -1,7 +1,7 @@
 """Fixtures of the judge's backend tests (tests/judge/test_remote.py, test_ray.py)."""
 import pytest
 
-from judge_programs import jobs, summary, train_verdicts
+from judge_programs import eval_verdicts, jobs, summary, train_verdicts
 from minirl.judge import Judge
 
 
@@ -17,3 +17,10 @@ def local_verdicts():
     """A local Judge's (verdict, passed, total) on the fixed programs: what every backend must give."""
     with Judge(workers=2) as judge:
         return summary(judge.run_many(jobs()))
+
+
+@pytest.fixture(scope="session")
+def local_eval(tmp_path_factory, tiny_path):
+    """eval.py's verdicts and summary with the local judge."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        return eval_verdicts(tmp_path_factory.mktemp("local_eval"), tiny_path, monkeypatch)

@@ -33,31 +33,54 @@ def summary(results) -> list[tuple[str, int, int]]:
     return [(r.verdict, r.passed, r.total) for r in results]
 
 
-def train_verdicts(tmp_path, tiny_path, monkeypatch, *args: str) -> tuple[list, list[float]]:
-    """train.py on a tiny code dataset, 2 steps of the toy model: every verdict its judge gave, and the
-    per-step mean rewards. The toy model writes no code block, so each completion's "program" is made from its
-    text (it prints the sum of its characters mod 3): the judge's verdicts then decide the rewards."""
+def code_rows(tmp_path):
+    """A tiny code dataset: 4 Python problems whose two tests expect i % 3."""
     import json
-    import train
-    from minirl import rewards
     rows = [{"data_source": "toy_code", "ability": "code", "prompt": [{"role": "user", "content": f"Print {i % 3}."}],
              "reward_model": {"style": "rule", "ground_truth": json.dumps(
                  {"language": "python", "tests": [{"input": "", "output": str(i % 3)}] * 2, "time_limit_s": 2})},
              "extra_info": {"index": i}} for i in range(4)]
     data = tmp_path / "code.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    seen, judge_completions = [], JUDGE_COMPLETIONS
+    return data
+
+
+def record_verdicts(monkeypatch) -> list:
+    """Every verdict the judge gives from now on. The toy model writes no code block, so each completion's
+    "program" is made from its text (it prints the sum of its characters mod 3): the judge's verdicts then
+    decide the rewards."""
+    from minirl import rewards
+    seen = []
 
     def recording(completions, problems, judge):
-        results = judge_completions(completions, problems, judge)
+        results = JUDGE_COMPLETIONS(completions, problems, judge)
         seen.extend((r.verdict, r.passed, r.total) for r in results)
         return results
 
     monkeypatch.setattr(rewards, "extract_code", lambda text, language: f"print({sum(map(ord, text)) % 3})")
     monkeypatch.setattr(rewards, "judge_completions", recording)
-    out = tmp_path / ("run_" + "_".join(a.strip("-") for a in args[:2]) if args else "run_local")
+    return seen
+
+
+def train_verdicts(tmp_path, tiny_path, monkeypatch, *args: str) -> tuple[list, list[float]]:
+    """train.py on the tiny code dataset, 2 steps of the toy model: every verdict its judge gave, and the
+    per-step mean rewards."""
+    import json
+    import train
+    data, seen = code_rows(tmp_path), record_verdicts(monkeypatch)
+    out = tmp_path / "run"
     train.main(["--model_name_or_path", str(tiny_path), "--train_files", str(data), "--val_files", "",
                 "--max_steps", "2", "--prompts_per_step", "2", "--group_size", "2", "--max_new_tokens", "8",
                 "--seed", "0", "--judge_workers", "1", "--output_dir", str(out), *args])
     means = [json.loads(line)["critic/reward/mean"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     return seen, means
+
+
+def eval_verdicts(tmp_path, tiny_path, monkeypatch, *args: str) -> tuple[list, dict]:
+    """eval.py on the tiny code dataset (greedy): every verdict its judge gave, and its summary."""
+    import eval as eval_script
+    data, seen = code_rows(tmp_path), record_verdicts(monkeypatch)
+    summary = eval_script.main(["--model", str(tiny_path), "--data", str(data), "--max_new_tokens", "8",
+                                "--judge_workers", "1", "--output", str(tmp_path / "eval"), *args])
+    timing = ("seconds_per_token", "tokens_per_second")
+    return seen, {src: {k: v for k, v in m.items() if k not in timing} for src, m in summary.items()}

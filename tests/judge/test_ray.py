@@ -3,7 +3,7 @@ import threading
 
 import pytest
 
-from judge_programs import AB, PROGRAMS, jobs, summary, train_verdicts
+from judge_programs import AB, PROGRAMS, eval_verdicts, jobs, summary, train_verdicts
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -42,6 +42,10 @@ def test_ray_judge_gives_the_local_judges_verdicts_from_both_nodes(cluster, loca
 
 def test_train_py_with_the_ray_judge_gets_the_local_rewards(cluster, local_train, tmp_path, tiny_path, monkeypatch):
     assert train_verdicts(tmp_path, tiny_path, monkeypatch, "--judge_backend", "ray") == local_train
+
+
+def test_eval_py_with_the_ray_judge_gets_the_local_scores(cluster, local_eval, tmp_path, tiny_path, monkeypatch):
+    assert eval_verdicts(tmp_path, tiny_path, monkeypatch, "--judge_backend", "ray") == local_eval
 
 
 def test_a_node_killed_mid_batch_leaves_its_chunks_to_the_survivor(cluster, caplog):

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from judge_programs import AB, MEMORY_MB, PROGRAMS, jobs, summary, train_verdicts
+from judge_programs import AB, MEMORY_MB, PROGRAMS, eval_verdicts, jobs, summary, train_verdicts
 from minirl.judge.remote import RemoteJudge
 
 
@@ -78,3 +78,21 @@ def test_train_py_with_remote_judges_gets_the_local_rewards(servers, local_train
                             "--judge_urls", ",".join(servers))
     assert remote == local_train
     assert len(local_train[0]) == 8 and {v for v, _, _ in local_train[0]} == {"AC", "WA"}  # the judge decided
+
+
+def test_eval_py_with_remote_judges_gets_the_local_scores(servers, local_eval, tmp_path, tiny_path, monkeypatch):
+    assert eval_verdicts(tmp_path, tiny_path, monkeypatch, "--judge_backend", "remote",
+                         "--judge_urls", servers[0]) == local_eval
+    assert len(local_eval[0]) == 4
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--judge_backend", "remote"], "at least one server"),
+    (["--judge_backend", "remote", "--judge_urls", "10.0.0.5:8080"], "http://"),
+    (["--judge_backend", "ray", "--judge_urls", "a:6379,b:6379"], "one Ray address"),
+    (["--judge_urls", "http://127.0.0.1:8080"], "judge_backend"),
+    (["--judge_backend", "grpc"], "judge_backend")])
+def test_judge_config_errors_name_the_field(args, words):
+    from minirl.config import ConfigError, parse_config
+    with pytest.raises(ConfigError, match=words):
+        parse_config(args)
