@@ -37,6 +37,7 @@ from ray.exceptions import RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from minirl.judge import Judge, JudgeResult
+from minirl.judge.backends import JudgeFrontend, judge_error
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class NodeJudge:
         self.judge.close()
 
 
-class RayJudge:
+class RayJudge(JudgeFrontend):
     """`Judge`'s interface on every alive node of a Ray cluster; one per training run."""
 
     def __init__(self, address: str | None = None, workers_per_node: int = 0, chunk_size: int = 0,
@@ -98,16 +99,9 @@ class RayJudge:
         self._workers = {k: v for k, v in self._workers.items() if k in self._actors}
         return list(self._actors)
 
-    def run(self, source: str, language: str, tests: list[dict], time_limit_s: float = 2.0,
-            memory_limit_mb: int = 256, float_tolerance: float | None = None) -> JudgeResult:
-        return self.run_many([dict(source=source, language=language, tests=tests, time_limit_s=time_limit_s,
-                                   memory_limit_mb=memory_limit_mb, float_tolerance=float_tolerance)])[0]
-
     def run_many(self, jobs: list[dict]) -> list[JudgeResult]:
         """Judge many programs on the cluster's nodes; results in the order of `jobs`."""
-        for job in jobs:
-            if job["language"] not in ("cpp", "c++", "python", "python3"):
-                raise ValueError(f"unsupported language {job['language']!r}; use 'cpp' or 'python'")
+        self.check(jobs)
         results: list[JudgeResult | None] = [None] * len(jobs)
         nodes = self.sync_nodes() if jobs else []
         size = self.chunk_size or max(1, math.ceil(len(jobs) / (4 * max(1, len(nodes)))))
@@ -120,7 +114,7 @@ class RayJudge:
                     continue
                 for start, _ in pending:
                     for k in range(start, min(start + size, len(jobs))):
-                        results[k] = _judge_error("no Ray node with a judge is alive", len(jobs[k]["tests"]))
+                        results[k] = judge_error("no Ray node with a judge is alive", len(jobs[k]["tests"]))
                 break
             done, _ = ray.wait(list(running), num_returns=1, timeout=self.poll_s)
             for ref in done:
@@ -130,7 +124,7 @@ class RayJudge:
                     results[start:start + len(chunk)] = [JudgeResult(**d) for d in ray.get(ref)]
                 except RayTaskError as e:  # Judge.run_many raised: a bug in the judge, not a lost node
                     log.error("a node's judge failed on a chunk", exc_info=e)
-                    results[start:start + len(chunk)] = [_judge_error(str(e)[:300], len(j["tests"])) for j in chunk]
+                    results[start:start + len(chunk)] = [judge_error(str(e)[:300], len(j["tests"])) for j in chunk]
                 except RayError as e:  # the node or its judge is gone: the chunk goes to a survivor
                     log.warning("judge on node %s lost (%s); resending its chunk", node_id[:8], type(e).__name__)
                     self._actors.pop(node_id, None)
@@ -138,7 +132,7 @@ class RayJudge:
                         pending.appendleft((start, attempts + 1))
                     else:
                         results[start:start + len(chunk)] = [
-                            _judge_error(f"chunk lost {attempts + 1} times ({type(e).__name__})", len(j["tests"]))
+                            judge_error(f"chunk lost {attempts + 1} times ({type(e).__name__})", len(j["tests"]))
                             for j in chunk]
         return results
 
@@ -168,13 +162,3 @@ class RayJudge:
         self._actors.clear()
         if self._owns_ray:
             ray.shutdown()
-
-    def __enter__(self) -> "RayJudge":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def _judge_error(message: str, total: int) -> JudgeResult:
-    return JudgeResult("RE", 0, total, message=f"judge error: {message}"[:2000])

@@ -37,6 +37,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from minirl.judge import JudgeResult, outputs_match
+from minirl.judge.backends import JudgeFrontend, judge_error
 
 log = logging.getLogger(__name__)
 SERVER_NAME = "minirl-judge"       # minirl/judge/server.py's Server header
@@ -57,7 +58,7 @@ def parse_urls(urls: str | list[str]) -> list[str]:
     return urls
 
 
-class RemoteJudge:
+class RemoteJudge(JudgeFrontend):
     """`Judge`'s interface on judge servers over HTTP (minirl's or SandboxFusion); one per training run."""
 
     def __init__(self, urls: str | list[str], concurrency: int = 8, retries: int = 3, cooldown_s: float = 5.0,
@@ -73,28 +74,13 @@ class RemoteJudge:
         self._kind: dict[str, str] = {} if protocol == "auto" else {url: protocol for url in self.urls}
         self._down_until: dict[str, float] = {}  # url -> time before which it is tried only as a last resort
 
-    def run(self, source: str, language: str, tests: list[dict], time_limit_s: float = 2.0,
-            memory_limit_mb: int = 256, float_tolerance: float | None = None) -> JudgeResult:
-        return self.run_many([dict(source=source, language=language, tests=tests, time_limit_s=time_limit_s,
-                                   memory_limit_mb=memory_limit_mb, float_tolerance=float_tolerance)])[0]
-
     def run_many(self, jobs: list[dict]) -> list[JudgeResult]:
         """Judge many programs on the servers; results in the order of `jobs`."""
-        for job in jobs:
-            if job["language"] not in ("cpp", "c++", "python", "python3"):
-                raise ValueError(f"unsupported language {job['language']!r}; use 'cpp' or 'python'")
-            if job.get("checker"):
-                raise ValueError("RemoteJudge does not carry special checkers; judge such jobs with a local Judge")
+        self.check(jobs)
         return list(self._pool.map(self._judge, jobs, range(len(jobs))))
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-
-    def __enter__(self) -> "RemoteJudge":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # --- one job, on the first server that answers ---------------------------------------------------------
 
@@ -106,7 +92,7 @@ class RemoteJudge:
             try:
                 return self._on(url, job)
             except Refused as e:
-                return _judge_error(f"the server refused the job: {e}", len(job["tests"]))
+                return judge_error(f"the server refused the job: {e}", len(job["tests"]))
             except Unavailable as e:
                 error = f"{url}: {e}"
                 with self._lock:
@@ -114,7 +100,7 @@ class RemoteJudge:
                 if attempt % n == n - 1:  # a whole round failed: give the servers a moment
                     time.sleep(min(2.0, 0.25 * 2 ** (attempt // n)))
         log.error("no judge server answered for a job (%s)", error)
-        return _judge_error(f"no judge server answered ({error})", len(job["tests"]))
+        return judge_error(f"no judge server answered ({error})", len(job["tests"]))
 
     def _pick(self, i: int) -> str:
         """URL i mod n, or the next one not marked down (all down: that one anyway, as a last resort)."""
@@ -222,6 +208,3 @@ def _verdict(reply: dict, expected: str, float_tolerance: float | None) -> tuple
     ok = outputs_match(run.get("stdout") or "", expected, float_tolerance)
     return ("AC" if ok else "WA"), ("" if ok else err), compile_s
 
-
-def _judge_error(message: str, total: int) -> JudgeResult:
-    return JudgeResult("RE", 0, total, message=f"judge error: {message}"[:2000])
