@@ -1,4 +1,8 @@
-"""Fixed programs with known verdicts, shared by the tests of the judge's server, RemoteJudge and RayJudge."""
+"""Fixed programs with known verdicts, and the local judge's results on them, shared by the tests of the judge's
+server, RemoteJudge and RayJudge. The fixtures are imported by the test files (not a conftest.py here: tests
+import the root one as `conftest`); each is computed once per session whichever file asks first."""
+import pytest
+
 from minirl.rewards import judge_completions
 
 AB = [{"input": "1 2\n", "output": "3"}, {"input": "5 7\n", "output": "12\n"}]
@@ -84,3 +88,39 @@ def eval_verdicts(tmp_path, tiny_path, monkeypatch, *args: str) -> tuple[list, d
                                 "--judge_workers", "1", "--output", str(tmp_path / "eval"), *args])
     timing = ("seconds_per_token", "tokens_per_second")
     return seen, {src: {k: v for k, v in m.items() if k not in timing} for src, m in summary.items()}
+
+
+# --- what every backend must give: the local judge's results, computed once -----------------------------
+
+_ONCE: dict = {}
+
+
+def _once(key: str, make):
+    if key not in _ONCE:
+        _ONCE[key] = make()
+    return _ONCE[key]
+
+
+@pytest.fixture()
+def local_verdicts():
+    """A local Judge's (verdict, passed, total) on the fixed programs."""
+    from minirl.judge import Judge
+
+    def make():
+        with Judge(workers=2) as judge:
+            return summary(judge.run_many(jobs()))
+    return _once("verdicts", make)
+
+
+@pytest.fixture()
+def local_train(tmp_path_factory, tiny_path):
+    """train.py's verdicts and rewards with the local judge."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        return _once("train", lambda: train_verdicts(tmp_path_factory.mktemp("local"), tiny_path, monkeypatch))
+
+
+@pytest.fixture()
+def local_eval(tmp_path_factory, tiny_path):
+    """eval.py's verdicts and summary with the local judge."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        return _once("eval", lambda: eval_verdicts(tmp_path_factory.mktemp("local_eval"), tiny_path, monkeypatch))

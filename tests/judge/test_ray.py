@@ -4,6 +4,7 @@ import threading
 import pytest
 
 from judge_programs import AB, PROGRAMS, eval_verdicts, jobs, summary, train_verdicts
+from judge_programs import local_eval, local_train, local_verdicts  # noqa: F401 -- fixtures
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402

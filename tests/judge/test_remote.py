@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from judge_programs import AB, MEMORY_MB, PROGRAMS, eval_verdicts, jobs, summary, train_verdicts
+from judge_programs import local_eval, local_train, local_verdicts  # noqa: F401 -- fixtures
 from minirl.judge.remote import RemoteJudge
 
 
