@@ -55,6 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--judge_workers", type=int, default=0, help="0 = all cores")
     ap.add_argument("--judge_isolation", choices=["strict", "weak"], default="strict",
                     help="weak: judge even where the sandbox has no namespaces (see minirl/judge/README.md)")
+    ap.add_argument("--judge_backend", choices=["local", "remote", "ray"], default="local",
+                    help="where code is judged (docs/judge_backends.md)")
+    ap.add_argument("--judge_urls", default="", help="remote: comma-separated servers; ray: the cluster address")
     args = ap.parse_args(argv)
     ks = [int(k) for k in args.k.split(",") if k]
     if args.n < 1 or any(k < 1 or k > args.n for k in ks):
@@ -95,8 +98,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     rows = load_rows(args.data, split="test", limit=args.limit)
     judge = None
     if any(is_code(r) for r in rows) and reward_fn is None:  # the sandboxed judge, only for code problems
-        from minirl.judge import Judge, require_isolation
-        judge = require_isolation(Judge(args.judge_workers or None), args.judge_isolation)
+        from minirl.judge.backends import build_judge
+        judge = build_judge(args)
     scorer = Scorer(judge, args.code_reward_style, args.answer_extraction, reward_fn)  # as in training
     greedy = args.temperature == 0
     with tqdm(total=len(rows), desc="generate + score", dynamic_ncols=True) as bar:

@@ -47,7 +47,7 @@ from minirl.distributed import (broadcast_parameters, gather_rows, gathered, glo
                                 global_mean, global_sum, shard, shutdown, sum_gradients_across_processes,
                                 sum_over_processes)
 from minirl.evaluate import evaluate
-from minirl.judge import Judge, require_isolation
+from minirl.judge.backends import build_judge
 from minirl.logprobs import batched_logprobs
 from minirl.models import (adapter_disabled, autocast, build_policy, config_dtype, load_reference,
                            load_tokenizer, pick_attn_implementation, pick_dtype, resolve_model_path)
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
     val_rows = load_rows(cfg.val_files, split="test", limit=cfg.val_max_samples) if cfg.val_files else []
     # the sandboxed judge pool, one for the run, only for code rows: the scorer takes anything with run_many
     needs_judge = any(map(is_code, train_rows + val_rows)) and not cfg.reward_fn
-    judge = require_isolation(Judge(cfg.judge_workers or None), cfg.judge_isolation) if needs_judge else None
+    judge = build_judge(cfg) if needs_judge else None
     scorer = build_scorer(cfg, judge)
 
     adam = dict(weight_decay=cfg.weight_decay, betas=(cfg.adam_beta1, cfg.adam_beta2))
