@@ -109,3 +109,24 @@ def test_a_client_that_hangs_up_mid_request_frees_the_server_at_once(random_samp
         server.close()
     assert after.usage.completion_tokens == 2
     assert calls.count < long / 2           # the dropped request stopped long before its end, then ours ran
+
+
+def test_scores_and_top_logprobs_are_the_models_own_log_softmax_with_its_final_logit_transform():
+    """Gemma 2 soft-caps its logits after the LM head: the top tokens must see the capped logits too."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+    from minirl.sessions.serve import score
+    torch.manual_seed(0)
+    config = Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=16, final_logit_softcapping=2.0,
+                          attn_implementation="eager")
+    model = Gemma2ForCausalLM(config).eval()
+    prefixes, targets = [[5, 9, 11], [7]], [[3, 4, 8, 1], [2, 2]]
+    logp, top = score(model, prefixes, targets, top=3)
+    for p, t, lp, tp in zip(prefixes, targets, logp, top):
+        ids = torch.tensor([p + t])
+        with torch.no_grad():
+            ref = torch.log_softmax(model(ids).logits[0, len(p) - 1:-1].float(), dim=-1)        # (R, V)
+        assert torch.allclose(torch.tensor(lp), ref.gather(-1, torch.tensor(t)[:, None])[:, 0], atol=1e-5)
+        values, tokens = ref.topk(3, dim=-1)
+        assert [[tok for tok, _ in pos] for pos in tp] == tokens.tolist()
+        assert torch.allclose(torch.tensor([[v for _, v in pos] for pos in tp]), values, atol=1e-5)

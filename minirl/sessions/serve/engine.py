@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minirl.logprobs import batched_logprobs, chunked_logprobs, states_before_responses
+from minirl.logprobs import batched_logprobs, chunked_logprobs, final_logits_transform, states_before_responses
 from minirl.rollout import sample
 
 
@@ -259,13 +259,13 @@ def score(model, prefixes: list[list[int]], targets: list[list[int]], top: int =
     if not top:
         logp, _ = batched_logprobs(model, ids, attn, R, micro_batch_size)                          # (N, R)
         return [logp[i, :len(t)].tolist() for i, t in enumerate(targets)], [[] for _ in targets]
-    head = model.get_output_embeddings()
+    head, transform = model.get_output_embeddings(), final_logits_transform(model)
     logps, tops = [], []
     for s in range(0, N, micro_batch_size):
         hidden = states_before_responses(model, ids[s:s + micro_batch_size], attn[s:s + micro_batch_size], R)
         y = ids[s:s + micro_batch_size, -R:]                                                         # (n, R)
-        logp, _ = chunked_logprobs(hidden, y, head)                                                  # (n, R)
-        values, tokens = top_logprobs(hidden, head, top)                                             # (n, R, K)
+        logp, _ = chunked_logprobs(hidden, y, head, transform=transform)                             # (n, R)
+        values, tokens = top_logprobs(hidden, head, top, transform)                                  # (n, R, K)
         # a token in both lists gets the one number, so "is the target the most likely token" compares equals
         values = torch.where(tokens == y[..., None], logp[..., None], values)
         logps.append(logp)
@@ -277,15 +277,17 @@ def score(model, prefixes: list[list[int]], targets: list[list[int]], top: int =
              for i, t in enumerate(targets)])
 
 
-def top_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, k: int, chunk_tokens: int = 128
+def top_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, k: int, transform=None, chunk_tokens: int = 128
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k largest log-softmax(lm_head(hidden)) entries at each position, chunk by chunk (never the whole
-    (N, R, V) at once).  (N, R, H) -> values (N, R, K) fp32, token ids (N, R, K)"""
+    """The k largest log_softmax(transform(lm_head(hidden))) entries at each position (the logits as
+    logprobs.chunked_logprobs computes them), chunk by chunk: never the whole (N, R, V) at once.
+    (N, R, H) -> values (N, R, K) fp32, token ids (N, R, K)"""
     N, R, H = hidden.shape
     flat = hidden.reshape(N * R, H)
     values, tokens = [], []
     for s in range(0, N * R, chunk_tokens):
-        logp = torch.log_softmax(lm_head(flat[s:s + chunk_tokens]).float(), dim=-1)                # (n, V)
+        logits = lm_head(flat[s:s + chunk_tokens]).float()                                         # (n, V)
+        logp = torch.log_softmax(logits if transform is None else transform(logits), dim=-1)
         v, t = logp.topk(k, dim=-1)
         values.append(v)
         tokens.append(t)
