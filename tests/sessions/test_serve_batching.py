@@ -24,9 +24,7 @@ def random_sampler(tmp_path_factory, tiny_tokenizer):
     build_model(len(tiny_tokenizer), seed=0, eos_id=tiny_tokenizer.eos_token_id,
                 pad_id=tiny_tokenizer.pad_token_id).save_pretrained(folder)
     tiny_tokenizer.save_pretrained(folder)
-    sc = ServiceClient().create_sampling_client(str(folder))
-    yield sc
-    sc._worker.stop()
+    yield ServiceClient().create_sampling_client(str(folder))
     torch.set_num_threads(threads)
 
 

@@ -32,6 +32,8 @@ class Server:
     def __init__(self, sampler, tokenizer, model_name: str = "minirl", host: str = "127.0.0.1", port: int = 8000,
                  max_tokens_limit: int = 2048, batch_window_s: float = 0.02, max_batch_rows: int = 64):
         self.tokenizer, self.model_name, self.max_tokens_limit = tokenizer, model_name, max_tokens_limit
+        while "model" not in vars(sampler) and callable(getattr(type(sampler), "result", None)):
+            sampler = sampler.result()  # the future of a client (the sessions API's create_* may return one)
         self.model = sampler.model
         self.engine = Engine(self.model, tokenizer, _worker_runner(sampler), getattr(sampler, "_adapter", None),
                              batch_window_s, max_batch_rows, getattr(sampler, "micro_batch_size", 16))
