@@ -65,7 +65,10 @@ BAD = [({"temperature": -1}, "temperature"), ({"n": 0}, "n"), ({"max_tokens": 10
        ({"top_p": "high"}, "top_p"), ({"stop": [""]}, "stop"), ({"messages": []}, "messages"),
        ({"messages": [{"role": "user"}]}, "messages"), ({"top_logprobs": 50, "logprobs": True}, "top_logprobs"),
        ({"top_logprobs": 2}, "top_logprobs"), ({"seed": "x"}, "seed"), ({"top_k": 1.5}, "top_k"),
-       ({"do_sample": "yes"}, "do_sample"), ({"stream_options": {"chunk": 1}}, "stream_options")]
+       ({"do_sample": "yes"}, "do_sample"), ({"stream_options": {"include_usage": True}}, "stream_options"),
+       ({"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages"),
+       ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        "messages")]
 # fields the server does not honour: refused (at any value that would change the reply), never ignored
 UNSUPPORTED = [("presence_penalty", 0.5), ("frequency_penalty", 1.0), ("repetition_penalty", 1.2),
                ("logit_bias", {"5": 10}), ("tools", [{"type": "function", "function": {"name": "f"}}]),
@@ -172,7 +175,7 @@ def test_echo_logprobs_are_the_training_log_prob_path_and_top_logprobs_hold_the_
     generated = tok(lp.tokens[len(ids):], add_special_tokens=False).input_ids  # one token per piece
     seq = ids + [t for piece in generated for t in piece]
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and len(lp.token_logprobs) == len(seq)
-    assert out.text.startswith(tok.decode(ids, skip_special_tokens=True))
+    assert out.text.startswith(tok.decode(ids))
     x = torch.tensor([seq])
     ref, _ = token_logprobs(sc.model, x, torch.ones_like(x), len(seq) - 1)             # the trainer's pass
     assert torch.allclose(torch.tensor(lp.token_logprobs[1:]), ref[0], atol=1e-5)

@@ -101,6 +101,8 @@ def parse_request(kind: str, body: dict, tokenizer, model_name: str, max_tokens_
     options = body.get("stream_options")
     if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
         raise RequestError("'stream_options' supports only {\"include_usage\": bool}", "stream_options")
+    if options is not None and not _flag(body, "stream"):
+        raise RequestError("'stream_options' is only allowed with 'stream': true", "stream_options")
     return Request(kind, prompts, _sampling(body, max_tokens), top, echo=_flag(body, "echo"),
                    stream=_flag(body, "stream"), include_usage=_flag(options or {}, "include_usage"))
 
@@ -130,9 +132,15 @@ def _chat_prompt(messages, tokenizer) -> list[int]:
     for i, m in enumerate(messages):
         content = m.get("content") if isinstance(m, dict) else None
         if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise RequestError(f"messages[{i}].content: only text parts are supported", "messages")
+            content = "".join(p["text"] for p in content)
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(content, str):
             raise RequestError(f"messages[{i}] must be an object with a string 'role' and text 'content'", "messages")
+        extra = sorted(k for k, v in m.items() if k not in ("role", "content") and v is not None)
+        if extra:  # a name, tool calls, ...: refused rather than dropped
+            raise RequestError(f"messages[{i}]: {extra} not supported (only 'role' and 'content')", "messages")
         chat.append({"role": m["role"], "content": content})
     text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False).input_ids  # the template holds the special tokens
@@ -199,7 +207,7 @@ def logprobs_json(req: Request, tokenizer, tokens: list[int], logps: list | None
 
 def _texts(req: Request, o: Output, tokenizer) -> tuple[str, str]:
     """(the echoed prompt's text or "", the completion's text, cut before the first stop string)."""
-    prompt = tokenizer.decode(req.prompts[o.prompt], skip_special_tokens=True) if req.echo else ""
+    prompt = tokenizer.decode(req.prompts[o.prompt]) if req.echo else ""  # as sent: special tokens kept
     return prompt, cut_at_stop(tokenizer.decode(o.tokens, skip_special_tokens=True), req.sampling.stop)
 
 
