@@ -38,7 +38,8 @@ def main() -> None:
     def run(c: int) -> None:
         for k in range(args.requests):
             ask = [{"role": "user", "content": f"What is {c}+{k}? Explain step by step."}]
-            out = client.chat.completions.create(model="m", messages=ask, temperature=0, max_tokens=args.max_tokens)
+            out = client.chat.completions.create(model="m", messages=ask, temperature=0,
+                                                 max_tokens=args.max_tokens)
             tokens[c] += out.usage.completion_tokens
 
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)  # warm

@@ -13,10 +13,11 @@ loglikelihood of three answers), three ways:
     loglikelihood (multiple choice)  local-completions: the chat-templated prompt and each answer as token ids,
                                      echo + logprobs, max_tokens 1
 
-each against lm-eval's `hf` backend with the same prompts (chat template or not). The table gives each side's score and how many rows gave the same output: the same text for a
-generation; for a multiple-choice row the same answer and every choice's log-likelihood within 1e-4 (with the
-same is-greedy flag). The server answers lm-eval's requests concurrently (`--num_concurrent`) and in batches
-(`--batch_size` prompts per completions request), so its batching is exercised too.
+each against lm-eval's `hf` backend with the same prompts (chat template or not). The table gives each
+side's score and how many rows gave the same output: the same text for a generation; for a multiple-choice
+row the same answer and every choice's log-likelihood within 1e-4 (with the same is-greedy flag). The server
+answers lm-eval's requests concurrently (`--num_concurrent`) and in batches (`--batch_size` prompts per
+completions request), so its batching is exercised too.
 """
 from __future__ import annotations
 

@@ -137,7 +137,8 @@ def test_hostile_bodies_get_a_4xx_not_a_dropped_connection(live):
 
 def test_command_line_server_answers(tiny_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "minirl.sessions.serve", "--model", str(tiny_path), "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "minirl.sessions.serve", "--model", str(tiny_path),
+                             "--port", "0"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()  # "serving DIR on http://127.0.0.1:PORT/v1" once the model is loaded

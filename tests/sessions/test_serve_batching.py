@@ -29,7 +29,8 @@ def random_sampler(tmp_path_factory, tiny_tokenizer):
 
 
 class DecoderCalls:
-    """Counts the decoder's forward calls (one per generate step for the whole batch); `started` is set at the first."""
+    """Counts the decoder's forward calls (one per generate step for the whole batch); `started` is set at the
+    first."""
 
     def __init__(self, model):
         self.count, self.started = 0, threading.Event()

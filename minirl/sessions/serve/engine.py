@@ -58,7 +58,8 @@ class Output:
 
 
 class Job:
-    """One HTTP request's work and, once `done` is set, its outputs (prompt-major: prompt i's n samples) or error."""
+    """One HTTP request's work and, once `done` is set, its outputs (prompt-major: prompt i's n samples) or
+    its error."""
 
     def __init__(self, prompts: list[list[int]], sampling: Sampling, top_logprobs: int | None = None,
                  echo: bool = False):

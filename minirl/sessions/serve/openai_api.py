@@ -79,7 +79,8 @@ def parse_request(kind: str, body: dict, tokenizer, model_name: str, max_tokens_
                   vocab_size: int, context: int | None) -> Request:
     """A /v1/chat/completions (kind "chat") or /v1/completions body, or RequestError naming the bad field."""
     if body.get("model") not in (None, model_name):
-        raise RequestError(f"model {body['model']!r} does not exist; this server serves {model_name!r}", "model", 404)
+        raise RequestError(f"model {body['model']!r} does not exist; this server serves {model_name!r}", "model",
+                           404)
     _check_fields(kind, body)
     if kind == "chat":
         prompts = [_chat_prompt(body.get("messages"), tokenizer)]
@@ -137,7 +138,8 @@ def _chat_prompt(messages, tokenizer) -> list[int]:
                 raise RequestError(f"messages[{i}].content: only text parts are supported", "messages")
             content = "".join(p["text"] for p in content)
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(content, str):
-            raise RequestError(f"messages[{i}] must be an object with a string 'role' and text 'content'", "messages")
+            raise RequestError(f"messages[{i}] must be an object with a string 'role' and text 'content'",
+                               "messages")
         extra = sorted(k for k, v in m.items() if k not in ("role", "content") and v is not None)
         if extra:  # a name, tool calls, ...: refused rather than dropped
             raise RequestError(f"messages[{i}]: {extra} not supported (only 'role' and 'content')", "messages")
@@ -148,8 +150,8 @@ def _chat_prompt(messages, tokenizer) -> list[int]:
 
 def _completion_prompts(prompt, tokenizer, vocab_size: int) -> list[list[int]]:
     """A string, a list of strings, a list of token ids, or a list of token-id lists."""
-    is_ids = lambda p: isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool)  # noqa: E731
-                                                         for t in p)
+    def is_ids(p) -> bool:
+        return isinstance(p, list) and bool(p) and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
     if isinstance(prompt, str) or is_ids(prompt):
         prompt = [prompt]
     if not isinstance(prompt, list) or not prompt or len(prompt) > MAX_PROMPTS or \

@@ -178,7 +178,8 @@ def serve(sampler, tokenizer, model_name: str = "minirl", host: str = "127.0.0.1
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="OpenAI-compatible endpoint for a saved model.")
-    ap.add_argument("--model", required=True, help="a model folder (save_weights_for_sampler's, a base model) or tiny")
+    ap.add_argument("--model", required=True,
+                    help="a model folder (save_weights_for_sampler's, a base model) or tiny")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--max_tokens_limit", type=int, default=2048, help="the largest max_tokens a request may ask")
