@@ -27,7 +27,8 @@ def build_judge(cfg):
         return RemoteJudge(urls)
     if backend == "ray":
         from minirl.judge.ray_pool import RayJudge  # Ray only here: pip install minirl[ray]
-        return RayJudge(urls[0] if urls else None, workers_per_node=workers or 0)
+        return RayJudge(urls[0] if urls else None, workers_per_node=workers or 0,
+                        isolation=getattr(cfg, "judge_isolation", "strict"))
     raise ValueError(f"judge_backend must be 'local', 'remote' or 'ray', got {backend!r}")
 
 

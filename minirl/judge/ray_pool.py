@@ -38,6 +38,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from minirl.judge import Judge, JudgeResult
 from minirl.judge.backends import JudgeFrontend, judge_error
+from minirl.judge.pool import require_isolation
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,8 @@ class NodeJudge:
     """One node's judge. num_cpus=0: its programs run in the Judge's sandboxes on the node's cores, which
     its workers count; reserving a Ray CPU would only keep the node's other tasks out."""
 
-    def __init__(self, workers: int):
-        self.judge = Judge(workers=workers)
+    def __init__(self, workers: int, isolation: str):
+        self.judge = require_isolation(Judge(workers=workers), isolation)  # a weak node refuses, as train.py
 
     def ready(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -64,15 +65,18 @@ class RayJudge(JudgeFrontend):
     """`Judge`'s interface on every alive node of a Ray cluster; one per training run."""
 
     def __init__(self, address: str | None = None, workers_per_node: int = 0, chunk_size: int = 0,
-                 in_flight: int = 2, max_attempts: int = 3, poll_s: float = 1.0):
+                 in_flight: int = 2, max_attempts: int = 3, poll_s: float = 1.0, isolation: str = "strict"):
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:  # no address: RAY_ADDRESS, else the cluster `ray start` made here, else a new one
             ray.init(address=address or None, include_dashboard=False, logging_level=logging.WARNING)
         self.workers_per_node, self.chunk_size = workers_per_node, chunk_size
-        self.in_flight, self.max_attempts, self.poll_s = in_flight, max_attempts, poll_s
+        self.in_flight, self.max_attempts, self.poll_s, self.isolation = in_flight, max_attempts, poll_s, isolation
         self._actors: dict[str, ray.actor.ActorHandle] = {}  # node id -> its judge
         self._workers: dict[str, int] = {}                   # node id -> its judge's workers
-        self.sync_nodes()
+        self._error = "the cluster has no alive node"
+        if not self.sync_nodes():
+            self.close()
+            raise RuntimeError(f"no node of the Ray cluster could start a judge: {self._error}")
         self.workers = sum(self._workers.values())
 
     def sync_nodes(self) -> list[str]:
@@ -87,7 +91,7 @@ class RayJudge(JudgeFrontend):
                 workers = self.workers_per_node or max(1, int(node["Resources"].get("CPU", 1)))
                 new[node_id] = NodeJudge.options(
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                    max_concurrency=self.in_flight).remote(workers)
+                    max_concurrency=self.in_flight).remote(workers, self.isolation)
                 self._workers[node_id] = workers
         for node_id, actor in new.items():
             try:
@@ -95,6 +99,7 @@ class RayJudge(JudgeFrontend):
                 self._actors[node_id] = actor
             except RayError as e:  # the node went away while its judge started
                 log.warning("no judge on node %s: %s", node_id[:8], e)
+                self._error = str(e)[-500:]
                 ray.kill(actor)
         self._workers = {k: v for k, v in self._workers.items() if k in self._actors}
         return list(self._actors)

@@ -1,6 +1,7 @@
 """minirl's judge behind SandboxFusion's HTTP API: POST /run_code, POST /submit (CommonOJ), GET /v1/ping.
 
     python -m minirl.judge.server [--host 127.0.0.1] [--port 8080] [--workers N] [--memory-limit-mb 1024]
+                                  [--judge-isolation strict|weak]
 
     from sandbox_fusion import RunCodeRequest, run_code, set_endpoint      # the official client (PyPI)
     set_endpoint("http://127.0.0.1:8080")
@@ -285,8 +286,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
     ap.add_argument("--workers", type=int, default=0, help="parallel sandboxed programs (0 = all cores)")
     ap.add_argument("--memory-limit-mb", type=int, default=1024, help="when a request gives none")
+    ap.add_argument("--judge-isolation", choices=["strict", "weak"], default="strict",
+                    help="weak: also serve where the sandbox has no namespaces (train.py's judge_isolation)")
     args = ap.parse_args(argv)
-    with Judge(workers=args.workers or None) as judge:
+    from minirl.judge.pool import require_isolation
+    with require_isolation(Judge(workers=args.workers or None), args.judge_isolation) as judge:
         server = JudgeServer(judge, args.host, args.port, args.memory_limit_mb)
         print(f"minirl judge ({judge.workers} workers) serving SandboxFusion's API on {server.url}", flush=True)
         try:
