@@ -214,6 +214,8 @@ def bench_backend(backend: str, jobs: list[dict], workers: int) -> None:
         agree = sum((a.verdict, a.passed) == (b.verdict, b.passed) for a, b in zip(rl, rb))
         print(f"{name:8s} {len(batch):8d} {tl:8.2f} {len(batch) / tl:7.1f} {tb:9.2f} {len(batch) / tb:7.1f} "
               f"{tl / tb:5.2f}x {(tb - tl) / len(batch) * 1e3:14.1f} ms {agree}/{len(batch)}")
+    from collections import Counter
+    print("local verdicts on the batch:", dict(Counter(r.verdict for r in timed["batch", "local"][1])))
 
 
 def _timed(judge, batch: list[dict]) -> tuple[float, list]:
