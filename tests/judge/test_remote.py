@@ -97,3 +97,10 @@ def test_judge_config_errors_name_the_field(args, words):
     from minirl.config import ConfigError, parse_config
     with pytest.raises(ConfigError, match=words):
         parse_config(args)
+
+
+def test_a_job_the_server_refuses_is_not_retried_and_says_why(servers):
+    with RemoteJudge(servers, retries=3) as judge:
+        res = judge.run(PROGRAMS[1][2], "python", AB, memory_limit_mb=0)  # the server answers 400
+    assert (res.verdict, res.passed) == ("RE", 0)
+    assert res.message.startswith("judge error: the server refused the job") and "memory_limit" in res.message
