@@ -99,6 +99,13 @@ def same_output(a, b) -> bool:
                                           for x, y in pairs)
 
 
+def max_loglikelihood_gap(rows_a, rows_b) -> float | None:
+    """The largest |loglikelihood difference| over every choice of every row (None for generations)."""
+    if isinstance(rows_a[0][0][0], str):
+        return None
+    return max(abs(float(x[0][0]) - float(y[0][0])) for a, b in zip(rows_a, rows_b) for x, y in zip(a, b))
+
+
 def compare(model: str, rows: int, num_concurrent: int, batch_size: int) -> list[dict]:
     from minirl.models import resolve_model_path
     from minirl.sessions import ServiceClient
@@ -129,7 +136,8 @@ def compare(model: str, rows: int, num_concurrent: int, batch_size: int) -> list
                                      ("loglikelihood (multiple choice)", served_mc, hf_chat, mc)]:
         (s_score, s_rows), (h_score, h_rows) = served[task], ours[task]
         table.append({"task type": kind, "minirl.serve": s_score, "lm-eval hf": h_score,
-                      "identical outputs": sum(same_output(a, b) for a, b in zip(s_rows, h_rows)), "rows": rows})
+                      "identical outputs": sum(same_output(a, b) for a, b in zip(s_rows, h_rows)), "rows": rows,
+                      "max |loglikelihood gap|": max_loglikelihood_gap(s_rows, h_rows)})
     return table
 
 
@@ -142,10 +150,12 @@ def main() -> None:
     ap.add_argument("--json", help="also write the table here")
     args = ap.parse_args()
     table = compare(args.model, args.rows, args.num_concurrent, args.batch_size)
-    print("| task type | minirl.serve | lm-eval hf | identical outputs |\n|---|---|---|---|")
+    print("| task type | minirl.serve | lm-eval hf | identical outputs | max loglikelihood gap |\n"
+          "|---|---|---|---|---|")
     for r in table:
+        gap = r["max |loglikelihood gap|"]
         print(f"| {r['task type']} | {r['minirl.serve']:.3f} | {r['lm-eval hf']:.3f} | "
-              f"{r['identical outputs']}/{r['rows']} |")
+              f"{r['identical outputs']}/{r['rows']} | {'-' if gap is None else f'{gap:.1e}'} |")
     if args.json:
         Path(args.json).write_text(json.dumps(table, indent=1))
 
