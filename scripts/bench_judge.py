@@ -243,6 +243,7 @@ class _backend_judge:
             # set before Ray is imported, which reads its config once
             os.environ.setdefault("RAY_AUTH_MODE", "token")
             os.environ.setdefault("RAY_AUTH_TOKEN", uuid.uuid4().hex)
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # on the loopback address only
             import ray
             from minirl.judge.ray_pool import RayJudge
             ray.init(num_cpus=self.workers, include_dashboard=False, logging_level="warning")

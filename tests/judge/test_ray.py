@@ -1,7 +1,12 @@
 """RayJudge on a 2-node Ray cluster on this host: a local Judge's verdicts, through the death of a node."""
+import os
 import threading
 
 import pytest
+
+# Every Ray process of these tests on the loopback address: Ray otherwise advertises the host's own address
+# (read at import, inherited by the nodes and by train.py's processes that join the cluster)
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 from judge_programs import AB, PROGRAMS, eval_verdicts, jobs, summary, train_verdicts
 from judge_programs import local_eval, local_train, local_verdicts  # noqa: F401 -- fixtures
@@ -21,8 +26,8 @@ def cluster():
     """A head and one worker node of 1 CPU each, shared by this file's tests (Ray starts slowly); the last
     test kills the worker."""
     c = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, include_dashboard=False,
-                                                           _system_config=HEALTH_CHECKS))
-    worker = c.add_node(num_cpus=1)
+                                                           node_ip_address="127.0.0.1", _system_config=HEALTH_CHECKS))
+    worker = c.add_node(num_cpus=1, node_ip_address="127.0.0.1")
     c.wait_for_nodes()
     ray.init(address=c.address, include_dashboard=False, logging_level="warning")
     try:
