@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from attack_helpers import AB, judge, processes_of, root_only, run, x86_64  # noqa: F401 (judge: a fixture)
-from minirl.judge import judge_job
+from minirl.judge import Judge, judge_job
 from minirl.judge.host import lease_uids
 
 
@@ -262,3 +262,15 @@ def test_weak_isolation_is_refused_unless_the_config_says_so():
     assert require_isolation(Fake("namespaces"), "strict").isolation == "namespaces"
     with pytest.raises(ValueError, match="judge_isolation"):
         require_isolation(Fake("namespaces"), "loose")
+
+
+@root_only
+def test_a_staging_folder_removed_under_a_sandbox_costs_one_run():
+    """The staging tmpfs is host-wide: if a worker's folder there is removed (by hand, another judge's sweep),
+    its sandbox can never see a new program; that run is an error verdict and the next one gets a new sandbox."""
+    import shutil
+    with Judge(workers=1) as j:
+        ok = "print(sum(map(int, input().split())))"
+        assert j.run(ok, "python", AB).verdict == "AC"
+        shutil.rmtree(j._boxes[j.uids[0]]._files)
+        assert [j.run(ok, "python", AB).verdict for _ in range(2)] == ["RE", "AC"]
