@@ -144,12 +144,14 @@ def run_sandboxed(argv: list[str], rundir: Path, name: str, *, uid: int, time_li
                   mode: str, stdin: str | None = None, files: dict[str, Path] | None = None,
                   workdir: Path | None = None, output_limit: int = OUTPUT_LIMIT_BYTES,
                   cgroups: Cgroups | None = None, scratch_mb: int | None = None, forks: bool = False,
-                  compiler: bool = False, wall_s: float | None = None) -> dict:
+                  compiler: bool = False, wall_s: float | None = None, create_files: bool = True) -> dict:
     """Run one process tree with `files` (name in /work -> host file, read-only) or the host folder `workdir`
     (read-write) as its working folder; stdin `stdin` (sealed) or /dev/null. Output: rundir/name.out and .err,
     through pipes (stdio.Capture), or with `compiler` written directly to files only root can open, with /dev/null
     as stdin and no /proc, so a source cannot #include a descriptor of the compiler's (a pipe would block it).
-    `forks`: new processes allowed (else threads only). Wall limit: `wall_s`, default twice the CPU limit + 1 s."""
+    `forks`: new processes allowed (else threads only). `create_files=False`: in "uid" mode, where the folders
+    are the host's, no file can be created (a program's state would outlive it in /tmp or /dev/shm). Wall limit:
+    `wall_s`, default twice the CPU limit + 1 s."""
     files = files or {}
     report = rundir / f"{name}.usage"
     cache = cache_dir()
@@ -164,7 +166,8 @@ def run_sandboxed(argv: list[str], rundir: Path, name: str, *, uid: int, time_li
     else:                                             # the host's folders: a work folder of its own
         host_work = workdir or _work_folder(rundir / name, files, uid if mode == "uid" else None)
         cwd, opts = str(host_work), []
-    opts += ["-F"] * (forks and mode != "rlimits") + ["-N"] * compiler + ["-C"] * (mode == "uid" and not forks)
+    opts += ["-F"] * (forks and mode != "rlimits") + ["-N"] * compiler
+    opts += ["-C"] * (mode == "uid" and not create_files)
     if cgroups is not None:
         try:
             cg = cgroups.run(f"u{uid}")

@@ -244,7 +244,7 @@ def _run_test(job: Job, i: int, worker: Worker) -> tuple[dict, str]:
     else:
         r = run_sandboxed(job.argv, root, f"t{i}", uid=uid, time_limit_s=job.time_limit_s,
                           memory_mb=job.memory_mb, mode=job.mode, stdin=test["input"], files=job.files,
-                          cgroups=job.cgroups, forks=job.forks)
+                          cgroups=job.cgroups, forks=job.forks, create_files=False)
     v = _classify(r, job.time_limit_s, job.memory_mb, OUTPUT_LIMIT_BYTES)
     if v is None:
         ok = _check(job.checker, test, r["out"], root, i, uid, job.mode, job.cgroups) if job.checker else \
