@@ -77,7 +77,8 @@ def isolation_mode(uid: int) -> str:
     "rlimits" (not root)."""
     if os.geteuid() != 0:
         if sandbox_helper(cache_dir()) is None:
-            log.warning("no C compiler to build the sandbox (minirl/judge/sandbox.c): programs can signal the judge")
+            log.warning("no C compiler to build the sandbox (minirl/judge/sandbox.c): programs can signal "
+                        "the judge")
         _not_dumpable()
         return "rlimits"
     helper = sandbox_helper(cache_dir())
@@ -200,7 +201,7 @@ def run_sandboxed(argv: list[str], rundir: Path, name: str, *, uid: int, time_li
             wall = time.perf_counter() - t0
             _kill_group(proc.pid)                     # anything left in the group goes too
             if mode == "uid":
-                _kill_uid(uid)                        # the leased uid is ours alone: it names what this run started
+                _kill_uid(uid)                        # the leased uid is ours alone: it names what the run started
             if cg is not None:
                 cg.kill_all()
             cap.finish()
