@@ -12,5 +12,4 @@ from minirl.judge.pool import Judge, default_workers, main, require_isolation
 from minirl.judge.verdict import CXX_FLAGS, LANGUAGES, VERDICTS, JudgeResult, judge_job, outputs_match
 
 __all__ = ["Judge", "require_isolation", "JudgeResult", "judge_job", "outputs_match", "default_workers", "main",
-           "CXX_FLAGS",
-           "LANGUAGES", "VERDICTS"]
+           "CXX_FLAGS", "LANGUAGES", "VERDICTS"]
