@@ -318,13 +318,15 @@ def test_a_judge_keeps_one_sandbox_per_worker_and_leaves_none(judge):
     from minirl.judge.sandbox import sandbox_helper
     helper = sandbox_helper(cache_dir())
 
-    def sandboxes():  # their launchers (an init blanks its command line, which named host paths)
-        def cmdline(pid):
+    def sandboxes():  # this process's launchers (an init blanks its command line, which named host paths)
+        def ours(pid):
             try:
-                return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+                status = Path(f"/proc/{pid}/status").read_text()
+                return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode() == helper and \
+                    f"PPid:\t{os.getpid()}\n" in status
             except OSError:
-                return ""
-        return [p for p in os.listdir("/proc") if p.isdigit() and cmdline(p) == helper]
+                return False
+        return [p for p in os.listdir("/proc") if p.isdigit() and ours(p)]
     before = sandboxes()  # the module's judges'
     jobs = [dict(source="print(sum(map(int, input().split())))", language="python", tests=AB * 4)] * 3
     with Judge(workers=2, cgroups=judge.cgroups is not None) as j:
