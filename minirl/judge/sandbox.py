@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from minirl.judge.cgroup import Cgroups, RunCgroup
@@ -222,6 +223,24 @@ def run_sandboxed(argv: list[str], rundir: Path, name: str, *, uid: int, time_li
             remove_tree(host_work)
     return {"returncode": os.waitstatus_to_exitcode(status), "timed_out": timed_out, "wall_s": wall,
             "cpu_s": cpu, "max_rss_mb": rss_mb, "oom": oom, "out": cap.out, "err": cap.err}
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """Where one worker's programs run: this machine's isolation mode, the worker's leased uid and its cgroups
+    (None: rlimits only). What the compiler, checkers and the modes without namespaces run through."""
+    mode: str
+    uid: int
+    cgroups: Cgroups | None = None
+
+    def run(self, argv: list[str], rundir: Path, name: str, **limits) -> dict:
+        """`run_sandboxed` as this worker."""
+        return run_sandboxed(argv, rundir, name, uid=self.uid, mode=self.mode, cgroups=self.cgroups, **limits)
+
+    def give(self, path: Path) -> None:
+        """Make a root-written file the worker uid's (without root there is nobody else to keep out)."""
+        if self.mode != "rlimits":
+            os.chown(path, self.uid, self.uid)
 
 
 def cpu_and_file_limits(time_limit_s: float, output_limit: int) -> tuple[int, int]:
