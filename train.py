@@ -4,11 +4,12 @@
     python train.py --config recipes/gsm8k.yaml --model_name_or_path /path/to/Qwen2.5-0.5B-Instruct
     accelerate launch train.py --config recipes/gsm8k.yaml ...       # same file, several GPUs
 
-The file reads top to bottom: setup, the training loop, the end. Each step runs the phases of verl's
-trainer (ray_trainer.fit), each timed as `timing_s/<phase>` like verl's marked_timer:
+The file reads top to bottom: setup, the training loop, the end. Each step runs the phases of verl's trainer
+with verl's names (verl/trainer/ppo/ray_trainer.py, `fit`: `with marked_timer("gen", timing_raw)`, ...; logged
+by metric_utils.compute_timing_metrics as `timing_s/<name>`; `timing_s/update` is actor + critic):
 
-    gen            G completions per prompt with HF generate           (minirl/rollout.py)
-    reward         the scorer's reward per completion                  (minirl/rewards.py)
+    gen            G completions per prompt with HF generate           (minirl/sampling.py, rollout.py)
+    reward         the scorer's reward per completion (DAPO: resample) (minirl/sampling.py, rewards.py)
     old_log_prob   log-probs of the sampling policy (skipped on-policy) (minirl/logprobs.py)
     ref            log-probs of the KL reference (kl_coef > 0)
     values         the critic's values (PPO)                           (minirl/critic.py)
@@ -46,7 +47,7 @@ from minirl.distributed import (broadcast_parameters, gather_rows, gathered, glo
                                 global_mean, global_sum, shard, shutdown, sum_gradients_across_processes,
                                 sum_over_processes)
 from minirl.evaluate import evaluate
-from minirl.judge import Judge, require_isolation
+from minirl.judge.backends import build_judge
 from minirl.logprobs import batched_logprobs
 from minirl.models import (adapter_disabled, autocast, build_policy, config_dtype, load_reference,
                            load_tokenizer, pick_attn_implementation, pick_dtype, resolve_model_path)
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
     val_rows = load_rows(cfg.val_files, split="test", limit=cfg.val_max_samples) if cfg.val_files else []
     # the sandboxed judge pool, one for the run, only for code rows: the scorer takes anything with run_many
     needs_judge = any(map(is_code, train_rows + val_rows)) and not cfg.reward_fn
-    judge = require_isolation(Judge(cfg.judge_workers or None), cfg.judge_isolation) if needs_judge else None
+    judge = build_judge(cfg) if needs_judge else None
     scorer = build_scorer(cfg, judge)
 
     adam = dict(weight_decay=cfg.weight_decay, betas=(cfg.adam_beta1, cfg.adam_beta2))

@@ -51,6 +51,10 @@ class Config:
     judge_isolation: Literal["strict", "weak"] = "strict"  # "weak": also judge where the sandbox cannot build its
                                           # namespaces (no root: programs run as the trainer's uid, can read and
                                           # write its files; root without namespaces: they see the host's files)
+    judge_backend: Literal["local", "remote", "ray"] = "local"  # where code is judged: this host's sandbox,
+                                          # judge servers over HTTP, or a Ray cluster (docs/judge_backends.md)
+    judge_urls: str = ""                  # remote: comma-separated http(s):// servers (minirl's or SandboxFusion);
+                                          # ray: the cluster's address ("" = join the one `ray start` made, or start one)
     # --- rollout -------------------------------------------------------------------------------------------
     prompts_per_step: int = 16            # B: prompts per training step (per process)
     group_size: int = 8                   # G: completions sampled per prompt; GRPO compares within a group
@@ -211,6 +215,7 @@ def check(cfg: Config) -> None:
                 "value_clip", "overlong_buffer", "overlong_penalty"]:
         if getattr(cfg, key) < 0:
             raise ConfigError(f"config key '{key}' must be >= 0, got {getattr(cfg, key)}")
+    _validate_judge(cfg)
     if cfg.kl_in_reward and cfg.kl_coef <= 0:
         raise ConfigError("config key 'kl_in_reward' needs 'kl_coef' > 0 (the weight of the KL folded into the "
                           "rewards); set kl_coef, or kl_in_reward: false")
@@ -221,6 +226,23 @@ def check(cfg: Config) -> None:
     if cfg.prompts_per_step % cfg.mini_batches:
         raise ConfigError(f"config key 'mini_batches' ({cfg.mini_batches}) must divide 'prompts_per_step' "
                           f"({cfg.prompts_per_step}) so that groups are not split across optimizer steps")
+
+
+def _validate_judge(cfg: Config) -> None:
+    urls = [u.strip() for u in cfg.judge_urls.split(",") if u.strip()]
+    if cfg.judge_backend == "remote":
+        if not urls:
+            raise ConfigError("config key 'judge_urls' must name at least one server for judge_backend: remote, "
+                              "e.g. http://127.0.0.1:8080 (start one with python -m minirl.judge.server)")
+        bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+        if bad:
+            raise ConfigError(f"config key 'judge_urls': {bad[0]!r} is not an http:// or https:// URL")
+    elif cfg.judge_backend == "ray" and len(urls) > 1:
+        raise ConfigError("config key 'judge_urls' takes one Ray address for judge_backend: ray (or none to join "
+                          f"the cluster of `ray start`), got {len(urls)}")
+    elif cfg.judge_backend == "local" and urls:
+        raise ConfigError("config key 'judge_urls' is for judge_backend remote or ray; set judge_backend, or "
+                          "leave judge_urls empty")
 
 
 def parse_config(argv: list[str] | None = None) -> Config:

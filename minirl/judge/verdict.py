@@ -35,6 +35,7 @@ from minirl.judge.host import cache_dir, lease_uids, remove_tree
 log = logging.getLogger(__name__)
 VERDICTS = ("AC", "WA", "TLE", "MLE", "RE", "CE", "OLE")
 CXX_FLAGS = ("-std=c++17", "-O2")
+KEPT_OUTPUT_BYTES = 1 << 20        # stdout/stderr returned for a test with keep_output (server.py)
 PYTHON_SOURCE_LIMIT = 1 << 20      # compile() of a larger source in the judge's own process is not worth the risk
 LANGUAGES = {"cpp": "cpp", "c++": "cpp", "python": "python", "python3": "python"}
 
@@ -254,6 +255,9 @@ def _run_test(job: Job, i: int, worker: Worker) -> tuple[dict, str]:
     result = {"verdict": v, "time_s": round(r["cpu_s"], 4), "wall_s": round(r["wall_s"], 4),
               "memory_mb": None if r["max_rss_mb"] is None else round(r["max_rss_mb"], 1)}
     message = tail(r["err"]) if v != "AC" else ""
+    if test.get("keep_output"):  # the SandboxFusion endpoint reports the run itself (minirl/judge/server.py)
+        result.update(stdout=tail(r["out"], KEPT_OUTPUT_BYTES), stderr=tail(r["err"], KEPT_OUTPUT_BYTES),
+                      returncode=r["returncode"])
     for name in (f"t{i}.out", f"t{i}.err"):
         (root / name).unlink(missing_ok=True)
     return result, message

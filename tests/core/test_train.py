@@ -15,7 +15,9 @@ REQUIRED_METRICS = [
     "critic/advantages/mean", "critic/advantages/max", "critic/advantages/min", "actor/pg_loss", "actor/ppo_kl",
     "actor/pg_clipfrac", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/lr",
     "response_length/mean", "response_length/max", "response_length/min", "response_length/clip_ratio",
-    "timing_s/gen", "timing_s/reward", "timing_s/update", "timing_s/step"]
+    "timing_s/gen", "timing_s/reward", "timing_s/update", "timing_s/step",
+    # verl's phases (ray_trainer.fit's marked_timer names), each timed on its own
+    "timing_s/old_log_prob", "timing_s/ref", "timing_s/adv", "timing_s/update_actor"]
 
 
 def read_metrics(out):
