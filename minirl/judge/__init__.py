@@ -11,5 +11,5 @@ stdio.py (what a run reads and writes), host.py and cgroup.py (the host's folder
 from minirl.judge.pool import Judge, default_workers, main, require_isolation
 from minirl.judge.verdict import CXX_FLAGS, LANGUAGES, VERDICTS, JudgeResult, judge_job, outputs_match
 
-__all__ = ["Judge", "require_isolation", "JudgeResult", "judge_job", "outputs_match", "default_workers", "main", "CXX_FLAGS",
-           "LANGUAGES", "VERDICTS"]
+__all__ = ["Judge", "require_isolation", "JudgeResult", "judge_job", "outputs_match", "default_workers", "main",
+           "CXX_FLAGS", "LANGUAGES", "VERDICTS"]

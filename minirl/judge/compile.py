@@ -1,6 +1,6 @@
 """Compile C++ in the sandbox, against a forced-include precompiled <bits/stdc++.h>, with a capped cache.
 
-    binary, message, seconds = compile_cpp(source, ("-std=c++17", "-O2"), uid, mode, cgroups, keep=job / "main")
+    binary, message, seconds = compile_cpp(source, ("-std=c++17", "-O2"), sandbox, keep=job / "main")
 
 Every source is compiled with `-include bits/stdc++.h` against a PCH built once per flag set and machine (g++ 12:
 ~1.3 s -> ~0.3 s for a typical contest source; a source that includes only what it needs gets the same speed-up
@@ -30,8 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from minirl.judge.cgroup import Cgroups
-from minirl.judge.sandbox import run_sandboxed
+from minirl.judge.sandbox import Sandbox
 from minirl.judge.host import cache_dir, remove_tree, unique_tmp
 
 MESSAGE_LIMIT = 2000               # characters of compiler/stderr text kept in a result
@@ -150,7 +149,7 @@ def _store(key: str, built: Path | None, message: str) -> Path | None:
 
 # --- compiling ---------------------------------------------------------------------------------------------------
 
-def compile_cpp(source: str, flags: tuple[str, ...], uid: int, mode: str, cgroups: Cgroups | None = None,
+def compile_cpp(source: str, flags: tuple[str, ...], sandbox: Sandbox,
                 keep: Path | None = None) -> tuple[Path | None, str, float]:
     """Binary path (or None), compiler message, seconds spent compiling (0 when cached). With `keep`, the binary
     is also linked there and that path returned: the caller's own, whatever the cache evicts later (a hit evicted
@@ -165,12 +164,11 @@ def compile_cpp(source: str, flags: tuple[str, ...], uid: int, mode: str, cgroup
     work = Path(tempfile.mkdtemp(prefix="cc-", dir=cache_dir()))
     try:
         (work / "main.cpp").write_text(source)
-        if mode != "rlimits":
-            os.chown(work, uid, uid)
+        sandbox.give(work)
         t0 = time.perf_counter()
-        rc, message = _run_compiler(work, flags, pch, uid, mode, cgroups)
+        rc, message = _run_compiler(work, flags, pch, sandbox)
         if rc not in (0, "timeout") and pch:   # a clash with the forced include is not the source's error
-            rc, message = _run_compiler(work, flags, None, uid, mode, cgroups)
+            rc, message = _run_compiler(work, flags, None, sandbox)
         seconds = time.perf_counter() - t0
         if rc in (SANDBOX_ERROR, "timeout"):   # not the source's fault, or maybe a loaded host's: not cached
             return None, message, seconds
@@ -194,10 +192,10 @@ def _link(src: Path, dest: Path) -> bool:
     return True
 
 
-def _run_compiler(work: Path, flags: tuple[str, ...], pch: Path | None, uid: int, mode: str,
-                  cgroups: Cgroups | None) -> tuple[int | str, str]:
+def _run_compiler(work: Path, flags: tuple[str, ...], pch: Path | None, sandbox: Sandbox) -> tuple[int | str, str]:
     """(0 | exit code | "timeout", message) of one g++ run that writes work/main: with `pch`, its folder first on
     the include path and its header forced in; without, the plain way."""
+    mode = sandbox.mode
     include = ["-I", "/pch" if mode == "namespaces" else str(pch), "-include", "bits/stdc++.h"] if pch else []
     # gold links ~5x faster than bfd (0.01 vs 0.05 s): 10% of a compile with the PCH
     link = ["-fuse-ld=gold"] if shutil.which("ld.gold") else []
@@ -205,11 +203,11 @@ def _run_compiler(work: Path, flags: tuple[str, ...], pch: Path | None, uid: int
     # the assembler for reading, and blocks until the wall limit
     pipe = ["-pipe"] if mode == "namespaces" else []
     (work / "main").unlink(missing_ok=True)
-    r = run_sandboxed(["g++", *flags, *include, *link, *pipe, "main.cpp", "-o", "main"], work.parent,
-                      work.name, uid=uid, time_limit_s=COMPILE_CPU_S, memory_mb=COMPILE_MEMORY_MB, mode=mode,
-                      files={"/pch": pch} if pch and mode == "namespaces" else None, workdir=work,
-                      output_limit=COMPILE_FILE_BYTES, cgroups=cgroups, scratch_mb=1024, forks=True,
-                      compiler=True, wall_s=COMPILE_WALL_S)
+    r = sandbox.run(["g++", *flags, *include, *link, *pipe, "main.cpp", "-o", "main"], work.parent, work.name,
+                    time_limit_s=COMPILE_CPU_S, memory_mb=COMPILE_MEMORY_MB,
+                    files={"/pch": pch} if pch and mode == "namespaces" else None, workdir=work,
+                    output_limit=COMPILE_FILE_BYTES, scratch_mb=1024, forks=True, compiler=True,
+                    wall_s=COMPILE_WALL_S)
     try:
         if r["timed_out"] or r["cpu_s"] > COMPILE_CPU_S:
             return "timeout", "compilation timed out"

@@ -68,11 +68,14 @@ def stage_dir() -> Path:
             with open(STAGE.with_name(STAGE.name + ".lock"), "w") as lock:   # judges of other processes
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 if not os.path.ismount(STAGE):
-                    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=700,nosuid,nodev", "tmpfs",
-                                        str(STAGE)], capture_output=True, text=True)
-                    if r.returncode != 0:   # still private (0700), but a program's mountinfo names the path
-                        log.warning("cannot mount the judge's staging tmpfs (%s): programs see its host path",
-                                    r.stderr.strip())
+                    try:
+                        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=700,nosuid,nodev", "tmpfs",
+                                            str(STAGE)], capture_output=True, text=True)
+                        error = r.stderr.strip() if r.returncode else ""
+                    except OSError as e:    # no mount(8)
+                        error = str(e)
+                    if error:               # still private (0700), but a program's mountinfo names the path
+                        log.warning("cannot mount the judge's staging tmpfs (%s): programs see its host path", error)
         return STAGE
 
 

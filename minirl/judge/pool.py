@@ -39,7 +39,7 @@ from pathlib import Path
 
 from minirl.judge.cgroup import Cgroups
 from minirl.judge.compile import pch_dir
-from minirl.judge.sandbox import isolation_mode
+from minirl.judge.sandbox import Sandbox, isolation_mode
 from minirl.judge.worker_sandbox import WorkerSandbox
 from minirl.judge.host import lease_uids
 from minirl.judge.verdict import (CXX_FLAGS, LANGUAGES, VERDICTS, Job, JudgeResult, Worker, judge_error,  # noqa: F401
@@ -157,7 +157,7 @@ class Judge:
         run of the same uid."""
         uid = self._uids.get()  # as many uids as workers: waits only while another run_many's workers hold them
         try:
-            worker = Worker(uid, self.cgroups, self._boxes)
+            worker = Worker(Sandbox(self.isolation, uid, self.cgroups), self._boxes)
             while (work := batch.next_work()) is not None:
                 if isinstance(work, int):
                     batch.results[work] = self._own(batch, work, worker)
@@ -172,8 +172,7 @@ class Judge:
         job = None
         try:
             try:
-                prepared = prepare(**{"cxx_flags": self.cxx_flags, **spec, "mode": self.isolation,
-                                       "uid": worker.uid, "cgroups": self.cgroups})
+                prepared = prepare(**{"cxx_flags": self.cxx_flags, **spec, "sandbox": worker.sandbox})
                 if isinstance(prepared, JudgeResult):
                     return prepared
                 job = prepared

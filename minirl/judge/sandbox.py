@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from minirl.judge.cgroup import Cgroups, RunCgroup
@@ -77,7 +78,8 @@ def isolation_mode(uid: int) -> str:
     "rlimits" (not root)."""
     if os.geteuid() != 0:
         if sandbox_helper(cache_dir()) is None:
-            log.warning("no C compiler to build the sandbox (minirl/judge/sandbox.c): programs can signal the judge")
+            log.warning("no C compiler to build the sandbox (minirl/judge/sandbox.c): programs can signal "
+                        "the judge")
         _not_dumpable()
         return "rlimits"
     helper = sandbox_helper(cache_dir())
@@ -144,12 +146,14 @@ def run_sandboxed(argv: list[str], rundir: Path, name: str, *, uid: int, time_li
                   mode: str, stdin: str | None = None, files: dict[str, Path] | None = None,
                   workdir: Path | None = None, output_limit: int = OUTPUT_LIMIT_BYTES,
                   cgroups: Cgroups | None = None, scratch_mb: int | None = None, forks: bool = False,
-                  compiler: bool = False, wall_s: float | None = None) -> dict:
+                  compiler: bool = False, wall_s: float | None = None, create_files: bool = True) -> dict:
     """Run one process tree with `files` (name in /work -> host file, read-only) or the host folder `workdir`
     (read-write) as its working folder; stdin `stdin` (sealed) or /dev/null. Output: rundir/name.out and .err,
     through pipes (stdio.Capture), or with `compiler` written directly to files only root can open, with /dev/null
     as stdin and no /proc, so a source cannot #include a descriptor of the compiler's (a pipe would block it).
-    `forks`: new processes allowed (else threads only). Wall limit: `wall_s`, default twice the CPU limit + 1 s."""
+    `forks`: new processes allowed (else threads only). `create_files=False`: in "uid" mode, where the folders
+    are the host's, no file can be created (a program's state would outlive it in /tmp or /dev/shm). Wall limit:
+    `wall_s`, default twice the CPU limit + 1 s."""
     files = files or {}
     report = rundir / f"{name}.usage"
     cache = cache_dir()
@@ -164,7 +168,8 @@ def run_sandboxed(argv: list[str], rundir: Path, name: str, *, uid: int, time_li
     else:                                             # the host's folders: a work folder of its own
         host_work = workdir or _work_folder(rundir / name, files, uid if mode == "uid" else None)
         cwd, opts = str(host_work), []
-    opts += ["-F"] * (forks and mode != "rlimits") + ["-N"] * compiler + ["-C"] * (mode == "uid" and not forks)
+    opts += ["-F"] * (forks and mode != "rlimits") + ["-N"] * compiler
+    opts += ["-C"] * (mode == "uid" and not create_files)
     if cgroups is not None:
         try:
             cg = cgroups.run(f"u{uid}")
@@ -197,7 +202,7 @@ def run_sandboxed(argv: list[str], rundir: Path, name: str, *, uid: int, time_li
             wall = time.perf_counter() - t0
             _kill_group(proc.pid)                     # anything left in the group goes too
             if mode == "uid":
-                _kill_uid(uid)                        # the leased uid is ours alone: it names what this run started
+                _kill_uid(uid)                        # the leased uid is ours alone: it names what the run started
             if cg is not None:
                 cg.kill_all()
             cap.finish()
@@ -218,6 +223,24 @@ def run_sandboxed(argv: list[str], rundir: Path, name: str, *, uid: int, time_li
             remove_tree(host_work)
     return {"returncode": os.waitstatus_to_exitcode(status), "timed_out": timed_out, "wall_s": wall,
             "cpu_s": cpu, "max_rss_mb": rss_mb, "oom": oom, "out": cap.out, "err": cap.err}
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """Where one worker's programs run: this machine's isolation mode, the worker's leased uid and its cgroups
+    (None: rlimits only). What the compiler, checkers and the modes without namespaces run through."""
+    mode: str
+    uid: int
+    cgroups: Cgroups | None = None
+
+    def run(self, argv: list[str], rundir: Path, name: str, **limits) -> dict:
+        """`run_sandboxed` as this worker."""
+        return run_sandboxed(argv, rundir, name, uid=self.uid, mode=self.mode, cgroups=self.cgroups, **limits)
+
+    def give(self, path: Path) -> None:
+        """Make a root-written file the worker uid's (without root there is nobody else to keep out)."""
+        if self.mode != "rlimits":
+            os.chown(path, self.uid, self.uid)
 
 
 def cpu_and_file_limits(time_limit_s: float, output_limit: int) -> tuple[int, int]:

@@ -3,7 +3,7 @@
     fd = sealed_input("1 2\\n")                        # stdin: a sealed memfd (nobody can write it, even reopened)
     with Capture(rundir, "t0") as cap:                 # stdout/stderr: pipes the judge drains, capped
         ... start the run with stdin=fd, stdout=cap.out_w, stderr=cap.err_w; cap.close_writers() ...
-        timed_out = not cap.drain(done_fd, deadline)   # until `done_fd` is readable (the run ended) or the deadline
+        timed_out = not cap.drain(done_fd, deadline)   # until `done_fd` is readable (the run ended) or deadline
         ... end the run if it timed out ...; cap.finish() # the rest, once nothing of the run is left
     cap.out, cap.err                                   # host files, root's 0600: what the run printed
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from minirl.judge.cgroup import Cgroups
 from minirl.judge.compare import output_file_matches, outputs_match  # noqa: F401 (re-exported)
 from minirl.judge.compile import MESSAGE_LIMIT, compile_cpp, tail
-from minirl.judge.sandbox import isolation_mode, run_sandboxed
+from minirl.judge.sandbox import Sandbox, isolation_mode
 from minirl.judge.worker_sandbox import WorkerSandbox
 from minirl.judge.stdio import OUTPUT_LIMIT_BYTES
 from minirl.judge.host import cache_dir, lease_uids, remove_tree
@@ -88,13 +88,14 @@ def judge_job(source: str, language: str, tests: list[dict], time_limit_s: float
     try:
         uid = lease.uids[0] if lease else uid
         mode = isolation_mode(uid) if mode is None else mode
+        sandbox = Sandbox(mode, uid, cgroups)
         job = prepare(source, language, tests, time_limit_s, memory_limit_mb, float_tolerance, checker,
-                       cxx_flags, mode=mode, uid=uid, cgroups=cgroups, processes=processes)
+                      cxx_flags, sandbox=sandbox, processes=processes)
         if isinstance(job, JudgeResult):
             return job
         boxes: dict[int, WorkerSandbox] = {}
         try:
-            return job.own(Worker(uid, cgroups, boxes))
+            return job.own(Worker(sandbox, boxes))
         finally:
             for box in boxes.values():
                 box.close()
@@ -117,12 +118,12 @@ class Job:
     sequential judge's result whatever order they arrived in."""
 
     def __init__(self, root: Path, tests: list[dict], argv: list[str], files: dict[str, Path], time_limit_s: float,
-                 memory_mb: int, float_tolerance: float | None, checker: dict | None, compile_s: float, mode: str,
-                 cgroups: Cgroups | None, forks: bool = False):
+                 memory_mb: int, float_tolerance: float | None, checker: dict | None, compile_s: float,
+                 forks: bool = False):
         self.root, self.tests, self.argv, self.files = root, tests, argv, files
         self.time_limit_s, self.memory_mb, self.float_tolerance, self.checker = \
             time_limit_s, memory_mb, float_tolerance, checker
-        self.compile_s, self.mode, self.cgroups, self.forks = compile_s, mode, cgroups, forks
+        self.compile_s, self.forks = compile_s, forks
         self.outcomes: dict[int, tuple[dict, str] | Exception] = {}  # test index -> (result, stderr) or error
         self._cond = threading.Condition()
         self._next = 0            # the next test to hand out
@@ -176,8 +177,8 @@ class Job:
 
 def prepare(source: str, language: str, tests: list[dict], time_limit_s: float = 2.0, memory_limit_mb: int = 256,
              float_tolerance: float | None = None, checker: dict | None = None,
-             cxx_flags: tuple[str, ...] = CXX_FLAGS, *, mode: str, uid: int,
-             cgroups: Cgroups | None, processes: bool = False) -> JudgeResult | Job:
+             cxx_flags: tuple[str, ...] = CXX_FLAGS, *, sandbox: Sandbox,
+             processes: bool = False) -> JudgeResult | Job:
     """Compile or syntax-check `source` and make its run folder: a job ready to run, or its result (CE).
     `processes`: the problem needs new processes (fork, subprocess); by default a program is one process (its
     threads included), so that no child can hide its CPU time or hold an address space of its own."""
@@ -186,12 +187,12 @@ def prepare(source: str, language: str, tests: list[dict], time_limit_s: float =
     own = root / ".job"  # the program and checker: root's alone even where root/ is 0711 ("uid" mode)
     try:
         own.mkdir(mode=0o700)
-        if mode == "uid":
+        if sandbox.mode == "uid":
             os.chmod(root, 0o711)  # each test's work folder (0700, the uid running it) is inside
         compile_s = 0.0
         if language == "cpp":
             # the job's own link to its binary: the cache may evict it while the tests run
-            binary, message, compile_s = compile_cpp(source, tuple(cxx_flags), uid, mode, cgroups, keep=own / "main")
+            binary, message, compile_s = compile_cpp(source, tuple(cxx_flags), sandbox, keep=own / "main")
             if binary is None:
                 remove_tree(root)
                 return JudgeResult("CE", 0, len(tests), message=message[:MESSAGE_LIMIT], compile_s=compile_s)
@@ -207,21 +208,22 @@ def prepare(source: str, language: str, tests: list[dict], time_limit_s: float =
         if checker and checker.get("language", "python").startswith("python"):
             (own / "checker.py").write_text(checker["source"])  # once: tests may run at once and all read it
         return Job(root, tests, argv, files, time_limit_s, memory_limit_mb, float_tolerance, checker, compile_s,
-                   mode, cgroups, forks=processes)
+                   forks=processes)
     except BaseException:
         remove_tree(root)
         raise
 
 
 class Worker:
-    """A worker's uid and, in "namespaces" mode, its sandbox (minirl/judge/sandbox.py: `WorkerSandbox`), kept in
-    `boxes` (uid -> sandbox) by whoever holds the uid (a Judge: for its life) and made on first use, or again
-    after a test past its wall limit ended it. Its tests' cgroup ("u<uid>-tests") is the sandbox's alone."""
+    """A worker: where its programs run (`sandbox`: the mode, its uid, its cgroups) and, in "namespaces" mode,
+    the sandbox it keeps open (worker_sandbox.py: `WorkerSandbox`), kept in `boxes` (uid -> sandbox) by whoever
+    holds the uid (a Judge: for its life) and made on first use, or again after a test past its wall limit ended
+    it. Its tests' cgroup ("u<uid>-tests") is that sandbox's alone."""
 
-    def __init__(self, uid: int, cgroups: Cgroups | None, boxes: dict[int, WorkerSandbox]):
-        self.uid, self.cgroups, self.boxes = uid, cgroups, boxes
+    def __init__(self, sandbox: Sandbox, boxes: dict[int, WorkerSandbox]):
+        self.sandbox, self.uid, self.cgroups, self.boxes = sandbox, sandbox.uid, sandbox.cgroups, boxes
 
-    def sandbox(self) -> WorkerSandbox:
+    def box(self) -> WorkerSandbox:
         box = self.boxes.get(self.uid)
         if box is None or not box.alive:
             cgroup = None
@@ -237,18 +239,17 @@ class Worker:
 def _run_test(job: Job, i: int, worker: Worker) -> tuple[dict, str]:
     """Test `i`'s result and its stderr (for a non-AC verdict). Its files are its own (t{i}.*, c{i}.*, the work
     folder t{i} outside namespaces), so tests of one job may run at once, each as its worker's uid."""
-    root, test, uid = job.root, job.tests[i], worker.uid
-    if job.mode == "namespaces":
+    root, test, sandbox = job.root, job.tests[i], worker.sandbox
+    if sandbox.mode == "namespaces":
         (name, path), = job.files.items()
-        r = worker.sandbox().run(job.argv, (name, path), root, f"t{i}", test["input"],
-                                 time_limit_s=job.time_limit_s, memory_mb=job.memory_mb, forks=job.forks)
+        r = worker.box().run(job.argv, (name, path), root, f"t{i}", test["input"],
+                             time_limit_s=job.time_limit_s, memory_mb=job.memory_mb, forks=job.forks)
     else:
-        r = run_sandboxed(job.argv, root, f"t{i}", uid=uid, time_limit_s=job.time_limit_s,
-                          memory_mb=job.memory_mb, mode=job.mode, stdin=test["input"], files=job.files,
-                          cgroups=job.cgroups, forks=job.forks)
+        r = sandbox.run(job.argv, root, f"t{i}", time_limit_s=job.time_limit_s, memory_mb=job.memory_mb,
+                        stdin=test["input"], files=job.files, forks=job.forks, create_files=False)
     v = _classify(r, job.time_limit_s, job.memory_mb, OUTPUT_LIMIT_BYTES)
     if v is None:
-        ok = _check(job.checker, test, r["out"], root, i, uid, job.mode, job.cgroups) if job.checker else \
+        ok = _check(job.checker, test, r["out"], root, i, sandbox) if job.checker else \
             output_file_matches(r["out"], test["output"], job.float_tolerance)
         v = "AC" if ok else "WA"
     result = {"verdict": v, "time_s": round(r["cpu_s"], 4), "wall_s": round(r["wall_s"], 4),
@@ -262,14 +263,13 @@ def _run_test(job: Job, i: int, worker: Worker) -> tuple[dict, str]:
     return result, message
 
 
-def _write_private(path: Path, text: str, uid: int, mode: str) -> None:
+def _write_private(path: Path, text: str, sandbox: Sandbox) -> None:
     """A special checker's copy of a test's input or expected output: readable by the uid running the checker
     and nobody else (outside namespaces a program sees the run folder, where another test of its job may run)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with open(fd, "w") as f:
         f.write(text)
-    if mode != "rlimits":  # root: hand it to the sandbox uid (without root there is nobody else to keep out)
-        os.chown(path, uid, uid)
+    sandbox.give(path)
 
 
 def _finish(job: Job) -> JudgeResult:
@@ -310,24 +310,22 @@ def _python_syntax_error(source: str) -> str:
     return ""
 
 
-def _check(checker: dict, test: dict, out: Path, root: Path, i: int, uid: int, mode: str,
-           cgroups: Cgroups | None) -> bool:
+def _check(checker: dict, test: dict, out: Path, root: Path, i: int, sandbox: Sandbox) -> bool:
     """A special checker: a program run as `checker input expected actual`; exit code 0 accepts. A Python
     checker's source is root/.job/checker.py, written by `prepare`."""
-    _write_private(root / f"c{i}.in", test["input"], uid, mode)   # its own copy, made after the program ended
-    _write_private(root / f"c{i}.exp", test["output"], uid, mode)
-    if mode != "rlimits":
-        os.chown(out, uid, uid)                        # the program's output, root's while it ran
+    _write_private(root / f"c{i}.in", test["input"], sandbox)   # its own copy, made after the program ended
+    _write_private(root / f"c{i}.exp", test["output"], sandbox)
+    sandbox.give(out)                                  # the program's output, root's while it ran
     files = {"input.txt": root / f"c{i}.in", "expected.txt": root / f"c{i}.exp", "actual.txt": out}
     if checker.get("language", "python").startswith("python"):
         argv, files["checker.py"] = ["python3", "-I", "checker.py"], root / ".job" / "checker.py"
     else:
-        binary, _, _ = compile_cpp(checker["source"], CXX_FLAGS, uid, mode, cgroups)  # cached after the first
+        binary, _, _ = compile_cpp(checker["source"], CXX_FLAGS, sandbox)  # cached after the first
         if binary is None:
             raise ValueError("the special checker does not compile")
         argv, files["checker"] = ["./checker"], binary
-    r = run_sandboxed(argv + ["input.txt", "expected.txt", "actual.txt"], root, f"c{i}", uid=uid,
-                      time_limit_s=10.0, memory_mb=1024, mode=mode, files=files, cgroups=cgroups, forks=True)
+    r = sandbox.run(argv + ["input.txt", "expected.txt", "actual.txt"], root, f"c{i}", time_limit_s=10.0,
+                    memory_mb=1024, files=files, forks=True)
     for p in (r["out"], r["err"], root / f"c{i}.in", root / f"c{i}.exp"):
         p.unlink(missing_ok=True)
     return r["returncode"] == 0

@@ -74,6 +74,9 @@ class WorkerSandbox:
         """Copy the program's file in, unless it is the one already there (a job's tests, one after another)."""
         st = os.stat(src)
         key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if not self._files.is_dir():                   # removed under us: this sandbox can never see a new file
+            self.close()
+            raise RuntimeError(f"the staging folder {self._files} was removed; the next run gets a new sandbox")
         if self._staged.get(name) != key:
             self._staged.pop(name, None)
             tmp = unique_tmp(self._files / name)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from attack_helpers import AB, judge, root_only, run, x86_64  # noqa: F401 (judge: a fixture)
+from attack_helpers import judge, root_only, run, x86_64  # noqa: F401 (judge: a fixture)
 from conftest import ROOT
 from minirl.judge import Judge
 from minirl.judge.host import cache_dir, lease_uids

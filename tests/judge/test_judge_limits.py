@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from attack_helpers import AB, judge, processes_of, root_only, run, x86_64  # noqa: F401 (judge: a fixture)
-from minirl.judge import judge_job
+from minirl.judge import Judge, judge_job
 from minirl.judge.host import lease_uids
 
 
@@ -110,22 +110,23 @@ def test_new_processes_are_denied_by_default_and_allowed_per_problem(judge, how)
 
 @root_only
 def test_files_and_heap_together_stay_within_the_limit(judge):
-    """At a 128 MiB limit: as much as /work and /tmp take, then as much heap as the address space gives; the
-    program prints the answer if it held more than its limit in all."""
+    """At a 128 MiB limit: up to 80 MiB in files of /tmp and /work, then up to 80 MiB of heap; the program
+    prints the answer if it held more than its limit in all (a cgroup with slack, or a tmpfs sized to the whole
+    limit beside an address space of the whole limit, let 160 MiB through)."""
     src = """
     import os
     held, chunk = 0, b'x' * (1 << 20)
     for d in ('/tmp', '.'):
         try:
             fd = os.open(os.path.join(d, 'f'), os.O_CREAT | os.O_WRONLY)
-            while True:
+            while held < 80:
                 os.write(fd, chunk)
                 held += 1
         except OSError:
             pass
     heap = []
     try:
-        while True:
+        while len(heap) < 80:
             heap.append(bytearray(1 << 20))
             held += 1
     except MemoryError:
@@ -261,3 +262,15 @@ def test_weak_isolation_is_refused_unless_the_config_says_so():
     assert require_isolation(Fake("namespaces"), "strict").isolation == "namespaces"
     with pytest.raises(ValueError, match="judge_isolation"):
         require_isolation(Fake("namespaces"), "loose")
+
+
+@root_only
+def test_a_staging_folder_removed_under_a_sandbox_costs_one_run():
+    """The staging tmpfs is host-wide: if a worker's folder there is removed (by hand, another judge's sweep),
+    its sandbox can never see a new program; that run is an error verdict and the next one gets a new sandbox."""
+    import shutil
+    with Judge(workers=1) as j:
+        ok = "print(sum(map(int, input().split())))"
+        assert j.run(ok, "python", AB).verdict == "AC"
+        shutil.rmtree(j._boxes[j.uids[0]]._files)
+        assert [j.run(ok, "python", AB).verdict for _ in range(2)] == ["RE", "AC"]
