@@ -79,8 +79,8 @@ class SamplingClient:
             logp, entropy = batched_logprobs(self.model, rollout.input_ids, rollout.attention_mask, R,
                                              self.micro_batch_size, T, with_entropy=True)              # (N, R)
         lengths, version = rollout.response_mask.sum(1).tolist(), self._version()
-        seqs = [SampledSequence("length" if rollout.truncated[i] else "stop", rollout.response_ids[i, :n].tolist(),
-                                logp[i, :n].tolist(), uuid.uuid4().hex, entropy[i, :n].tolist())
+        seqs = [SampledSequence(rollout.response_ids[i, :n].tolist(), logp[i, :n].tolist(),
+                                "length" if rollout.truncated[i] else "stop", uuid.uuid4().hex, entropy[i, :n].tolist())
                 for i, n in enumerate(lengths)]
         prompt_logprobs = self._compute_logprobs(prompts) if with_prompt_logprobs else [None] * len(prompts)
         return [SampleResponse(seqs[b * G:(b + 1) * G], prompt_logprobs[b], version) for b in range(len(prompts))]

@@ -81,19 +81,29 @@ class TensorData:
         return self.to_torch().tolist()
 
 
-@dataclass
 class Datum:
-    model_input: ModelInput
-    loss_fn_inputs: dict[str, Any] = field(default_factory=dict)  # TensorData, tensors or lists
+    """Tinker's Datum(model_input, loss_fn_inputs). Also built as Datum(prompt_tokens, completion_tokens,
+    logprobs=None, advantages=None, weights=None) from two token lists: `from_completion`'s layout."""
+
+    def __init__(self, model_input, loss_fn_inputs: dict | list | None = None, logprobs: list[float] | None = None,
+                 advantages: float | list[float] | None = None, weights: list[float] | None = None):
+        if isinstance(model_input, (list, tuple)):  # (prompt tokens, completion tokens)
+            made = Datum.from_completion(list(model_input), list(loss_fn_inputs or []), logprobs, advantages, weights)
+            model_input, loss_fn_inputs = made.model_input, made.loss_fn_inputs
+        self.model_input, self.loss_fn_inputs = model_input, dict(loss_fn_inputs or {})
+
+    def __repr__(self) -> str:
+        return f"Datum(model_input={self.model_input!r}, loss_fn_inputs={self.loss_fn_inputs!r})"
 
     @classmethod
     def from_completion(cls, prompt: list[int], completion: list[int], logprobs: list[float] | None = None,
                         advantages: float | list[float] | None = None, weights: list[float] | None = None) -> "Datum":
-        """A datum that scores `completion` after `prompt`: the prompt's positions get weight and advantage 0.
-        `advantages` is one number per sequence or one per completion token; `logprobs` the sampler's."""
+        """A datum that scores `completion` after `prompt`, as tinker-cookbook's rl_loop builds one: the
+        prompt's positions get target 0, weight and advantage 0 (so they are not scored, and the trainer can
+        share the prompt's forward pass within a group). `advantages`: one number, or one per completion token."""
         P, C = len(prompt), len(completion)
         pad = [0.0] * (P - 1)
-        inputs = {"target_tokens": TensorData(list(prompt[1:]) + list(completion), "int64"),
+        inputs = {"target_tokens": TensorData([0] * (P - 1) + list(completion), "int64"),
                   "weights": TensorData(pad + (list(weights) if weights is not None else [1.0] * C))}
         if logprobs is not None:
             inputs["logprobs"] = TensorData(pad + list(logprobs))
@@ -126,10 +136,10 @@ class AdamParams:                  # Tinker's defaults; grad_clip_norm 0 = no cl
 # --- outputs -------------------------------------------------------------------------------------------------
 
 @dataclass
-class SampledSequence:
-    stop_reason: str               # "stop" (an EOS or a stop sequence) or "length" (max_tokens)
+class SampledSequence:             # Tinker's fields (minirl's positional order)
     tokens: list[int]              # up to and including the stop token
     logprobs: list[float]          # log pi_T of each token, at the sampling temperature
+    stop_reason: str               # "stop" (an EOS or a stop sequence) or "length" (max_tokens)
     sequence_id: str = ""
     entropy: list[float] = field(default_factory=list)  # of pi_T at each position (a metric, as train.py's)
 
@@ -231,3 +241,11 @@ def adam_params_of(p) -> AdamParams:
     if type(p).__name__ != "AdamParams":
         raise TypeError(f"optim_step takes AdamParams (minirl's or tinker's), not {type(p).__name__}")
     return AdamParams(p.learning_rate, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_clip_norm)
+
+
+def collate(datums: list, pad_id: int, device) -> dict[str, torch.Tensor]:
+    """The trainer's batch layout of datums (minirl/sessions/batches.py), with the weights as response_mask."""
+    from minirl.sessions.batches import collate as collate_datums
+    batch = collate_datums(datums, "cross_entropy", pad_id, torch.device(device))
+    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
+            "response_mask": batch["weights"]}
