@@ -25,6 +25,8 @@ CONFIG_KEYS = {"clip_low_threshold", "clip_high_threshold", "beta", "temperature
 
 
 def needed_inputs(loss_fn: str) -> tuple[str, ...]:
+    if loss_fn not in TINKER_LOSSES:
+        raise ValueError(f"unknown loss_fn {loss_fn!r}; use one of {list(TINKER_LOSSES)} or forward_backward_custom")
     if loss_fn == "cross_entropy":
         return ("target_tokens", "weights")
     return ("target_tokens",) + RL_INPUTS + (("sequence_ratio_mask",) if loss_fn == "gspo" else ())
@@ -77,8 +79,7 @@ def loss_pass(model, batch: dict, loss_fn: str, config: dict, micro_batch_size: 
               temperature: float = 1.0) -> tuple[float, torch.Tensor, dict[str, float]]:
     """Tinker's summed loss over the batch, backpropagated micro-batch by micro-batch when `grad`.
     Returns (loss sum, log-probs (N, R) without a graph, metrics)."""
-    if loss_fn not in TINKER_LOSSES:
-        raise ValueError(f"unknown loss_fn {loss_fn!r}; use one of {list(TINKER_LOSSES)} or forward_backward_custom")
+    needed_inputs(loss_fn)
     unknown = set(config) - CONFIG_KEYS
     if unknown:
         raise ValueError(f"unknown loss_fn_config keys {sorted(unknown)}; known: {sorted(CONFIG_KEYS)}")

@@ -177,7 +177,7 @@ class TrainingClient:
         batch["weights"] = -dlogp * batch["mask"]
         batches.loss_pass(self.model, batch, "cross_entropy", {}, self.micro_batch_size, True)
         metrics = {k: float(v) for k, v in metrics.items()}
-        return ForwardBackwardOutput("TensorData", batches.outputs(batch, logp), {"loss:sum": float(loss), **metrics})
+        return ForwardBackwardOutput("TensorData", batches.outputs(batch, logp), {"loss:sum": float(loss.detach()), **metrics})
 
     def optim_step(self, optim_params=None, *, adam_params=None) -> Future:
         if optim_params is not None and adam_params is not None:
