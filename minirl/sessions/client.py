@@ -14,19 +14,9 @@ Each operation is a thin wrapper over the function train.py uses for the same st
 over `loss.tinker_loss`), `update.optim_step`, `checkpoint`. A client's operations run in call order on one
 thread (minirl/sessions/worker.py), so `optim_step` can be submitted before `forward_backward` has finished.
 
-Where minirl differs from the Tinker service (the rest raises rather than silently differ):
-- Losses are Tinker's sums over tokens. Sampled log-probs are the trainer's own log-probs of pi_T (one extra
-  forward pass), and the RL losses score p_theta at the temperature this session's samplers used, so on-policy
-  ratios are exactly 1 (loss_fn_config "temperature" overrides: a minirl extension).
-- Paths are tinker://<model_id>/<weights|sampler_weights>/<name>, stored under `checkpoint_dir`; plain folder
-  paths work too. Service-only arguments (api_key, ttl_seconds, user_metadata, retry_config, ...) are ignored.
-- LoRA adapts every linear layer but the unembedding (peft's "all-linear"); seed None means seed 0.
-- A failed forward_backward fails every call of its step, up to and including the optim_step, which then
-  applies nothing: a step never applies a partial batch.
-Left out: stable_reinforce (its objective uses sampler-side records Tinker does not document), top-k
-log-probs, images, custom losses traced server-side, token-id stop sequences other than EOS.
-Under `accelerate launch` / torchrun every process runs the loop on its share of the data (SPMD); optim_step
-sums the gradients across processes.
+Where minirl differs from the Tinker service, and what is left out: docs/sessions.md (what would change a
+result and is not supported raises). Under `accelerate launch` / torchrun every process runs the loop on its
+share of the data (SPMD); optim_step sums the gradients across processes.
 """
 from __future__ import annotations
 
@@ -41,14 +31,14 @@ import torch
 
 from minirl import checkpoint
 from minirl.distributed import all_reduce_sum, barrier, rank, shutdown, sum_gradients_across_processes
-from minirl.models import (build_policy, config_dtype, load_model, load_tokenizer,
-                           pick_attn_implementation, pick_dtype, resolve_model_path)
+from minirl.models import (build_policy, config_dtype, load_model, load_tokenizer, pick_attn_implementation,
+                           pick_dtype, resolve_model_path)
 from minirl.sessions import batches
 from minirl.sessions.sampling import SamplingClient
 from minirl.sessions.types import (AdamParams, ForwardBackwardOutput, GetInfoResponse, LoadWeightsResponse,
                                    ModelData, OptimStepResponse, SaveWeightsForSamplerResponse,
                                    SaveWeightsResponse, adam_params_of)
-from minirl.sessions.worker import ClientFuture, Future, SessionError, _Worker
+from minirl.sessions.worker import ClientFuture, Future, SessionError, _Worker, add_async_variants, ready
 from minirl.update import optim_step
 
 __all__ = ["ServiceClient", "TrainingClient", "SamplingClient"]
@@ -83,10 +73,6 @@ class TrainingClient:
         return GetInfoResponse(ModelData(type(self.model).__name__, self.base_model, self.base_path),
                                self.model_id, lora is not None, lora and lora["rank"], self.base_model)
 
-    def _sampler(self, model, use_adapter: bool = True) -> SamplingClient:
-        return SamplingClient(model, self.tokenizer, self._worker, lambda: self.policy_version,
-                              self.micro_batch_size, use_adapter, owner=self)
-
     def create_sampling_client(self, model_path: str | None = None, retry_config=None,
                                record_stability_info: bool = False, *, use_adapter: bool = True) -> ClientFuture:
         """A sampler on saved weights (model_path), or with model_path None on the live weights, in this
@@ -96,9 +82,8 @@ class TrainingClient:
         if not use_adapter and not hasattr(self.model, "disable_adapter"):
             raise ValueError("use_adapter=False needs a LoRA training client; for full fine-tuning load the "
                              "reference with ServiceClient.create_sampling_client(base_model=...)")
-        fut = ClientFuture("create_sampling_client", None)
-        fut._future.set_result(self._sampler(self.model, use_adapter))
-        return fut
+        return ready(SamplingClient(self.model, self.tokenizer, self._worker, lambda: self.policy_version,
+                                    self.micro_batch_size, use_adapter, owner=self))
 
     def save_weights_and_get_sampling_client(self, name: str | None = None, retry_config=None,
                                              record_stability_info: bool = False,
@@ -107,7 +92,8 @@ class TrainingClient:
         steps leave alone ("snapshot"), or the live weights ("inflight")."""
         def make() -> SamplingClient:
             if kind == "inflight":
-                return self._sampler(self.model)
+                return SamplingClient(self.model, self.tokenizer, self._worker, lambda: self.policy_version,
+                                      self.micro_batch_size, owner=self)
             snapshot = copy.deepcopy(self.model).eval().requires_grad_(False)
             version = self.policy_version
             return SamplingClient(snapshot, self.tokenizer, self._worker, lambda: version, self.micro_batch_size,
@@ -288,7 +274,7 @@ class ServiceClient:
     def close(self, status: str = "success", detail: str | None = None) -> Future:
         for tc in self.training_clients:
             tc.stop()
-        self.training_clients = []
+        self.training_clients.clear()
         return Future.completed("close", None)
 
     # -- paths: tinker://<model_id>/<kind>/<name>, or a plain folder
@@ -312,11 +298,11 @@ class ServiceClient:
             raise ValueError("train_mlp/train_attn/train_unembed=False are not supported: pass target_modules "
                              "(peft module names) instead")
         lora = {"rank": rank, "alpha": alpha, "target_modules": target_modules}
-        return _ready(TrainingClient(self, base_model, lora, seed or 0, **kwargs))
+        return ready(TrainingClient(self, base_model, lora, seed or 0, **kwargs))
 
     def create_training_client(self, base_model: str, seed: int = 0, **kwargs) -> ClientFuture:
         """Full fine-tuning (minirl): every weight trains (fp32 weights and optimizer state)."""
-        return _ready(TrainingClient(self, base_model, None, seed, **kwargs))
+        return ready(TrainingClient(self, base_model, None, seed, **kwargs))
 
     def _from_state(self, path: str, with_optimizer: bool) -> TrainingClient:
         folder = self.resolve(path)
@@ -331,12 +317,12 @@ class ServiceClient:
     def create_training_client_from_state(self, path: str, base_model: str | None = None, user_metadata=None,
                                           weights_access_token=None, optimizer=None) -> ClientFuture:
         """The saved weights with a fresh optimizer."""
-        return _ready(self._from_state(path, False))
+        return ready(self._from_state(path, False))
 
     def create_training_client_from_state_with_optimizer(self, path: str, base_model: str | None = None,
                                                          user_metadata=None, weights_access_token=None) -> ClientFuture:
         """The saved weights, optimizer state, step count and RNG: training continues bit-identically."""
-        return _ready(self._from_state(path, True))
+        return ready(self._from_state(path, True))
 
     def create_sampling_client(self, model_path: str | None = None, base_model: str | None = None,
                                retry_config=None, record_stability_info: bool = False,
@@ -344,9 +330,10 @@ class ServiceClient:
         """A sampler on saved weights (save_weights_for_sampler's path, an adapter folder) or a base model."""
         if model_path is None and base_model is None:
             raise ValueError("Either model_path or base_model must be provided")
-        source = str(self.resolve(model_path)) if model_path is not None else resolve_model_path(base_model)
+        name = model_path if model_path is not None else base_model
+        source = str(self.resolve(name)) if name.startswith("tinker://") else resolve_model_path(name)
         model = load_model(source, self.dtype, self.attn_implementation).to(self.device).eval()
-        return _ready(SamplingClient(model, load_tokenizer(source), _Worker(self.device, self.dtype), lambda: 0,
+        return ready(SamplingClient(model, load_tokenizer(source), _Worker(self.device, self.dtype), lambda: 0,
                                      micro_batch_size))
 
     def shutdown(self) -> None:
@@ -354,30 +341,10 @@ class ServiceClient:
         shutdown()
 
 
-def _ready(client) -> ClientFuture:
-    fut = ClientFuture(type(client).__name__, None)
-    fut._future.set_result(client)
-    return fut
-
-
-def _add_async_variants() -> None:
-    """The SDK's `*_async` methods: coroutines that return what the plain method returns (a future), or, for
-    the calls that create a client, the client itself."""
-    def make(name: str, creates_client: bool):
-        async def variant(self, *args, **kwargs):
-            out = getattr(self, name)(*args, **kwargs)
-            return await out if creates_client else out
-        variant.__name__ = f"{name}_async"
-        return variant
-    plain = {TrainingClient: ["forward", "forward_backward", "forward_backward_custom", "optim_step", "save_state",
-                              "load_state", "load_state_with_optimizer", "save_weights_for_sampler"],
-             ServiceClient: []}
-    creating = {TrainingClient: ["create_sampling_client", "save_weights_and_get_sampling_client"],
-                ServiceClient: ["create_lora_training_client", "create_training_client_from_state",
-                                "create_training_client_from_state_with_optimizer", "create_sampling_client"]}
-    for cls in (TrainingClient, ServiceClient):
-        for name in plain[cls] + creating[cls]:
-            setattr(cls, f"{name}_async", make(name, name in creating[cls]))
-
-
-_add_async_variants()
+add_async_variants(TrainingClient, plain=["forward", "forward_backward", "forward_backward_custom", "optim_step",
+                                         "save_state", "load_state", "load_state_with_optimizer",
+                                         "save_weights_for_sampler"],
+                   creating=["create_sampling_client", "save_weights_and_get_sampling_client"])
+add_async_variants(ServiceClient, plain=[], creating=["create_lora_training_client", "create_training_client_from_state",
+                                                      "create_training_client_from_state_with_optimizer",
+                                                      "create_sampling_client"])

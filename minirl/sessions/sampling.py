@@ -19,7 +19,7 @@ from minirl.logprobs import batched_logprobs
 from minirl.models import adapter_disabled
 from minirl.rollout import eos_token_ids, sample
 from minirl.sessions.types import SampledSequence, SampleResponse, SamplingParams, sampling_params_of, tokens_of
-from minirl.sessions.worker import Future, _Worker
+from minirl.sessions.worker import Future, _Worker, add_async_variants
 
 
 class SamplingClient:
@@ -117,12 +117,4 @@ class SamplingClient:
         return [[None] + logp[i, :len(s) - 1].tolist() for i, s in enumerate(sequences)]
 
 
-def _add_async_variants() -> None:
-    for name in ("sample", "compute_logprobs"):
-        async def variant(self, *args, _name=name, **kwargs):
-            return await getattr(self, _name)(*args, **kwargs)
-        variant.__name__ = f"{name}_async"
-        setattr(SamplingClient, f"{name}_async", variant)
-
-
-_add_async_variants()
+add_async_variants(SamplingClient, plain=[], creating=["sample", "compute_logprobs"])

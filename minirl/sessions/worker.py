@@ -79,6 +79,26 @@ class ClientFuture(Future):
         return getattr(self.result(), name)
 
 
+def ready(client) -> ClientFuture:
+    """A client as an already-completed ClientFuture (the SDK's client-creating calls return futures)."""
+    fut = ClientFuture(type(client).__name__, None)
+    fut._future.set_result(client)
+    return fut
+
+
+def add_async_variants(cls, plain: list[str], creating: list[str]) -> None:
+    """The SDK's `*_async` methods: coroutines that return what the plain method returns (a future), or, for
+    the calls that create a client, the client itself."""
+    def make(name: str, creates_client: bool):
+        async def variant(self, *args, **kwargs):
+            out = getattr(self, name)(*args, **kwargs)
+            return await out if creates_client else out
+        variant.__name__ = f"{name}_async"
+        return variant
+    for name in plain + creating:
+        setattr(cls, f"{name}_async", make(name, name in creating))
+
+
 class _Worker:
     """One thread that runs a client's operations in call order, on the client's device, each forward pass in
     the client's autocast (both are thread-local: the thread enters them itself). Autocast is entered per
