@@ -25,6 +25,9 @@ CONFIG_KEYS = {"clip_low_threshold", "clip_high_threshold", "beta", "temperature
 
 
 def needed_inputs(loss_fn: str) -> tuple[str, ...]:
+    if loss_fn == "stable_reinforce":
+        raise ValueError("loss_fn 'stable_reinforce' is not supported: its objective uses sampler-side stability "
+                         "records that Tinker does not document; use importance_sampling or cispo")
     if loss_fn not in TINKER_LOSSES:
         raise ValueError(f"unknown loss_fn {loss_fn!r}; use one of {list(TINKER_LOSSES)} or forward_backward_custom")
     if loss_fn == "cross_entropy":

@@ -80,3 +80,10 @@ def test_session_loss_is_the_sum_over_datums_whatever_the_micro_batch(tiny_path)
         tc.stop()
     assert losses[0] == pytest.approx(losses[1], rel=1e-6)
     assert all(torch.allclose(grads[0][n], grads[1][n], atol=1e-6) for n in grads[0])
+
+
+def test_stable_reinforce_raises_with_the_reason():
+    """Its objective uses sampler-side records Tinker does not document: refuse rather than guess."""
+    from minirl.sessions.batches import needed_inputs
+    with pytest.raises(ValueError, match="stable_reinforce.*not supported"):
+        needed_inputs("stable_reinforce")
