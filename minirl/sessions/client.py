@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 
 from minirl import checkpoint
-from minirl.distributed import all_reduce_sum, barrier, rank, shutdown, sum_gradients_across_processes
+from minirl.distributed import (all_reduce_sum, barrier, rank, shutdown, sum_gradients_across_processes,
+                                world_size)
 from minirl.models import (build_policy, config_dtype, load_model, load_tokenizer, pick_attn_implementation,
                            pick_dtype, resolve_model_path)
 from minirl.sessions import batches
@@ -141,8 +142,8 @@ class TrainingClient:
                 self._step_error = e
                 self.optimizer.zero_grad(set_to_none=True)
             raise
-        metrics = {k: float(v) for k, v in zip(metrics, all_reduce_sum(
-            torch.tensor(list(metrics.values()), device=self._worker.device)).tolist())}
+        totals = all_reduce_sum(torch.tensor(list(metrics.values()), device=self._worker.device)).tolist()
+        metrics = {k: v / (world_size() if k.endswith(":mean") else 1) for k, v in zip(metrics, totals)}
         return ForwardBackwardOutput("TensorData", batches.outputs(batch, logp), metrics)
 
     def _custom(self, data: list, fn: Callable) -> ForwardBackwardOutput:
