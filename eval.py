@@ -7,8 +7,9 @@
 --model: any folder `save_pretrained` wrote (full model, merged LoRA, or a LoRA adapter on its base).
 --data: prepared rows (GSM8K, MATH, code), a raw GSM8K or MATH file (recognised by its fields), or SimpleRL
 custom rows {"instruction", "expected_output"}. Writes OUT/samples.jsonl (one row per completion) and
-OUT/summary.json, and prints a table. --n > 1 without --temperature samples at 0.6 (SAMPLING_TEMPERATURE). The scoring is minirl.evaluate.evaluate, the function train.py's
-validation calls, with the same rewards and the same sandboxed judge for code.
+OUT/summary.json, and prints a table. --n > 1 without --temperature samples at 0.6 (SAMPLING_TEMPERATURE).
+The scoring is minirl.evaluate.evaluate, the function train.py's held-out evaluation calls, with the same
+scorer (minirl.rewards.Scorer) and the same sandboxed judge for code.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from minirl.cli import exit_on_user_error
 from minirl.data import load_rows
 from minirl.evaluate import evaluate, summarize
 from minirl.models import load_model, load_tokenizer, pick_attn_implementation, pick_dtype, resolve_model_path
-from minirl.rewards import is_code
+from minirl.rewards import Scorer, is_code, load_reward_fn
 
 
 # pass@k with several samples: DeepSeek-R1's evaluation samples at 0.6 (its report, sec. 3); veRL's
@@ -49,7 +50,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--code_reward_style", choices=["codefu", "binary"], default="codefu")
     ap.add_argument("--answer_extraction", choices=["strict", "flexible"], default="strict",
                     help="GSM8K-style rows: the number after '####' (strict) or the last number (flexible)")
+    ap.add_argument("--reward_fn", default="", help="path/to/file.py:function scoring every row, as train.py's "
+                    "--reward_fn (function(data_source, solution_str, ground_truth, extra_info) -> float)")
     ap.add_argument("--judge_workers", type=int, default=0, help="0 = all cores")
+    ap.add_argument("--judge_isolation", choices=["strict", "weak"], default="strict",
+                    help="weak: judge even where the sandbox has no namespaces (see minirl/judge/README.md)")
+    ap.add_argument("--judge_backend", choices=["local", "remote", "ray"], default="local",
+                    help="where code is judged (docs/judge_backends.md)")
+    ap.add_argument("--judge_urls", default="", help="remote: comma-separated servers; ray: the cluster address")
     args = ap.parse_args(argv)
     ks = [int(k) for k in args.k.split(",") if k]
     if args.n < 1 or any(k < 1 or k > args.n for k in ks):
@@ -81,6 +89,7 @@ def print_table(summary: dict[str, dict]) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, dict]:
     args = parse_args(argv)
+    reward_fn = load_reward_fn(args.reward_fn) if args.reward_fn else None  # a bad spec fails before loading
     path = resolve_model_path(args.model)
     out = Path(args.output or Path(path) / "eval")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -88,15 +97,15 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     model = load_model(path, pick_dtype("auto", device), pick_attn_implementation("auto")).to(device).eval()
     rows = load_rows(args.data, split="test", limit=args.limit)
     judge = None
-    if any(is_code(r) for r in rows):
-        from minirl.judge import Judge
-        judge = Judge(args.judge_workers or None)
+    if any(is_code(r) for r in rows) and reward_fn is None:  # the sandboxed judge, only for code problems
+        from minirl.judge.backends import build_judge
+        judge = build_judge(args)
+    scorer = Scorer(judge, args.code_reward_style, args.answer_extraction, reward_fn)  # as in training
     greedy = args.temperature == 0
     with tqdm(total=len(rows), desc="generate + score", dynamic_ncols=True) as bar:
         records = evaluate(model, tokenizer, rows, n=args.n, greedy=greedy, temperature=args.temperature or 1.0,
                            top_p=args.top_p, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                           progress=bar.update, judge=judge, code_style=args.code_reward_style,
-                           extraction=args.answer_extraction)
+                           progress=bar.update, scorer=scorer)
     if judge is not None:
         judge.close()
     summary = summarize(records, args.ks, greedy=greedy)

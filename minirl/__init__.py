@@ -48,10 +48,19 @@ class _Moved(types.ModuleType):
 
 class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname, path=None, target=None):
-        return importlib.util.spec_from_loader(fullname, self) if fullname in MOVED else None
+        if fullname not in MOVED:
+            return None
+        return importlib.util.spec_from_loader(fullname, self, origin=importlib.util.find_spec(MOVED[fullname][0]).origin)
 
     def create_module(self, spec):
         return _Moved(spec.name)
+
+    def get_code(self, fullname):
+        """`python -m <old name>` runs the new module (a package's __main__)."""
+        spec = importlib.util.find_spec(MOVED[fullname][0])
+        if spec.submodule_search_locations is not None:
+            spec = importlib.util.find_spec(spec.name + ".__main__")
+        return spec.loader.get_code(spec.name)
 
     def exec_module(self, module):
         new = MOVED[module.__name__]

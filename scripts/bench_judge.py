@@ -1,6 +1,7 @@
 """Benchmark minirl's judge against a naive judge on real submissions (a training step's worth of programs).
 
     python scripts/bench_judge.py [--problems 8] [--tests 10] [--workers N]
+    python scripts/bench_judge.py --backend remote|ray     # that backend against a local Judge, same batch
 
 Submissions: for each ICPC problem (../shared/data/code/icpc_kattis_problems.jsonl) with a token-diff checker
 and a known time limit, its jury AC C++ solution plus two mutated copies (a changed constant: usually wrong; a
@@ -20,6 +21,11 @@ spent on each judge (/proc/stat, so kernel work and the judges' own processes co
 it) are printed too. Last, the sandbox's per-test overhead: the wall time per test of a C++ program that does
 nothing (one worker, binary cached, so it is all judge and sandbox: per test a fork, namespaces, a fresh /work and
 /tmp, seccomp, exec, kill-and-reap, the cgroup's counters and the output comparison), with cgroups and without.
+
+--backend remote|ray (`bench_backend`) measures the way out of one host instead, on this host: the same batch on
+a local `Judge`, then on `python -m minirl.judge.server` through `RemoteJudge`, or on a one-node Ray cluster
+through `RayJudge`, each with --workers workers and warm caches (a first untimed pass compiles), so the
+difference is the transport: reported per program, on the batch and on a batch of trivial programs.
 """
 from __future__ import annotations
 
@@ -30,8 +36,10 @@ import random
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,8 +122,12 @@ def main() -> None:
     ap.add_argument("--problems", type=int, default=8)
     ap.add_argument("--tests", type=int, default=10)
     ap.add_argument("--workers", type=int, default=CORES)
+    ap.add_argument("--backend", choices=["local", "remote", "ray"], default="local",
+                    help="remote or ray: that backend's throughput against a local Judge's (bench_backend)")
     args = ap.parse_args()
     jobs = build_batch(args.problems, args.tests)
+    if args.backend != "local":
+        return bench_backend(args.backend, jobs, args.workers)
     n_cpp = sum(j["language"] == "cpp" for j in jobs)
     print(f"batch: {len(jobs)} programs ({n_cpp} C++, {len(jobs) - n_cpp} Python), "
           f"{sum(len(j['tests']) for j in jobs)} test runs, {args.workers} workers on {CORES} cores")
@@ -175,6 +187,74 @@ def per_test_overhead_ms(cgroups: bool, n: int = 100) -> float:
         res = judge.run("int main() {}\n", "cpp", tests)
         assert res.verdict == "AC", res
         return (time.perf_counter() - t0) / n * 1e3
+
+
+# --- --backend remote | ray --------------------------------------------------------------------------------
+
+def bench_backend(backend: str, jobs: list[dict], workers: int) -> None:
+    """The batch, and a batch of trivial programs, on a local Judge and then on `backend`: s, programs/s,
+    the ratio, the overhead per program and the agreement of the verdicts."""
+    trivial = [dict(source=f"print({i})\n", language="python", tests=[{"input": "", "output": str(i)}])
+               for i in range(4 * workers * 8)]
+    from minirl.judge import Judge
+    timed = {}
+    with Judge(workers=workers) as judge:
+        for name, batch in (("batch", jobs), ("trivial", trivial)):
+            judge.run_many(batch)  # warm: compile caches, as in a long training run
+            timed[name, "local"] = _timed(judge, batch)
+    with _backend_judge(backend, workers) as judge:
+        for name, batch in (("batch", jobs), ("trivial", trivial)):
+            judge.run_many(batch)
+            timed[name, backend] = _timed(judge, batch)
+    print(f"{backend} against local, {workers} workers on {CORES} cores, warm caches")
+    print(f"{'':8s} {'programs':>8s} {'local s':>8s} {'prog/s':>7s} {backend + ' s':>9s} {'prog/s':>7s} "
+          f"{'ratio':>6s} {'overhead/program':>17s} agree")
+    for name, batch in (("batch", jobs), ("trivial", trivial)):
+        (tl, rl), (tb, rb) = timed[name, "local"], timed[name, backend]
+        agree = sum((a.verdict, a.passed) == (b.verdict, b.passed) for a, b in zip(rl, rb))
+        print(f"{name:8s} {len(batch):8d} {tl:8.2f} {len(batch) / tl:7.1f} {tb:9.2f} {len(batch) / tb:7.1f} "
+              f"{tl / tb:5.2f}x {(tb - tl) / len(batch) * 1e3:14.1f} ms {agree}/{len(batch)}")
+
+
+def _timed(judge, batch: list[dict]) -> tuple[float, list]:
+    t0 = time.perf_counter()
+    results = judge.run_many(batch)
+    return time.perf_counter() - t0, results
+
+
+class _backend_judge:
+    """A RemoteJudge on a judge server started here, or a RayJudge on a one-node cluster started here."""
+
+    def __init__(self, backend: str, workers: int):
+        self.backend, self.workers, self.server = backend, workers, None
+
+    def __enter__(self):
+        if self.backend == "remote":
+            from minirl.judge.remote import RemoteJudge
+            self.server = subprocess.Popen([sys.executable, "-m", "minirl.judge.server",
+                                            "--port", "0", "--workers", str(self.workers)],
+                                           stdout=subprocess.PIPE, text=True)
+            url = self.server.stdout.readline().split()[-1]
+            self.judge = RemoteJudge([url], concurrency=2 * self.workers)
+        else:
+            # a throwaway one-node cluster: token auth with a token of its own (else Ray writes one to ~/.ray);
+            # set before Ray is imported, which reads its config once
+            os.environ.setdefault("RAY_AUTH_MODE", "token")
+            os.environ.setdefault("RAY_AUTH_TOKEN", uuid.uuid4().hex)
+            import ray
+            from minirl.judge.ray_pool import RayJudge
+            ray.init(num_cpus=self.workers, include_dashboard=False, logging_level="warning")
+            self.judge = RayJudge()
+        return self.judge
+
+    def __exit__(self, *exc):
+        self.judge.close()
+        if self.server is not None:
+            self.server.kill()
+            self.server.wait()
+        if self.backend == "ray":
+            import ray
+            ray.shutdown()
 
 
 if __name__ == "__main__":

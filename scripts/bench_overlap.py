@@ -21,7 +21,7 @@ import torch
 
 from minirl.agentic.env import MathEnv
 from minirl.judge import Judge
-from minirl.rewards import extract_gsm8k_answer
+from minirl.rewards import extract_gsm8k_answer, judge_job
 
 
 class JudgedArithmeticEnv(MathEnv):
@@ -35,8 +35,7 @@ class JudgedArithmeticEnv(MathEnv):
         if answer is None:
             return None, 0.0, {}
         test = {"input": "", "output": str(self.problem["reward_model"]["ground_truth"])}
-        result = self.judge.run_many([dict(source=f"print({answer})", language="python", tests=[test],
-                                           time_limit_s=2.0, memory_limit_mb=256)])[0]
+        result = self.judge.run_many([judge_job(f"print({answer})", {"language": "python", "tests": [test]})])[0]
         return None, float(result.verdict == "AC"), {"verdict": result.verdict}
 
 

@@ -4,11 +4,12 @@
     with Judge() as judge:
         res = judge.run(source, "cpp", tests=[{"input": "1 2\\n", "output": "3"}], time_limit_s=2)
 
-Read in this order: README.md (what is guaranteed), pool.py (the Judge), verdict.py (one program's verdict),
-compile.py, sandbox.py and sandbox.c (the isolation), host.py and cgroup.py (the host's folders, uids, cgroups).
+Read in this order: README.md (what is guaranteed, per mode), pool.py (the Judge), verdict.py (one program's
+verdict) and compare.py (outputs), compile.py, worker_sandbox.py, sandbox.py and sandbox.c (the isolation),
+stdio.py (what a run reads and writes), host.py and cgroup.py (the host's folders, uids, cgroups).
 """
-from minirl.judge.pool import Judge, default_workers, main
+from minirl.judge.pool import Judge, default_workers, main, require_isolation
 from minirl.judge.verdict import CXX_FLAGS, LANGUAGES, VERDICTS, JudgeResult, judge_job, outputs_match
 
-__all__ = ["Judge", "JudgeResult", "judge_job", "outputs_match", "default_workers", "main", "CXX_FLAGS",
+__all__ = ["Judge", "require_isolation", "JudgeResult", "judge_job", "outputs_match", "default_workers", "main", "CXX_FLAGS",
            "LANGUAGES", "VERDICTS"]

@@ -12,7 +12,8 @@ do not use them. The copy sits first on the include path, so a source's own `#in
 where g++ with the whole header calls the name ambiguous.) A forced include can clash with a source (it declares
 `y1`, `index`, ...), and a source may use what was left out: a compile error under it is never final, the source is
 compiled again the plain way (system headers, no PCH). Results are cached by hash of (flags, source): binaries, and
-compile errors too, so a compile bomb costs its time limit once, not on every resubmission. The cache is root's
+compile errors too (never a timeout, which a loaded host may cause). The compiler reads no descriptor of its own:
+its stdin is /dev/null, its stdout and stderr files it cannot open, and it has no /proc. The cache is root's
 alone (0700), capped at MINIRL_JUDGE_CACHE_MB (default 2048) by evicting the least recently used. The compiler runs
 in a one-shot sandbox, as programs do, but with its own limits (COMPILE_*): a correct program with a large constant
 table must not get CE from the programs' 64 MiB output limit.
@@ -35,6 +36,7 @@ from minirl.judge.host import cache_dir, remove_tree, unique_tmp
 
 MESSAGE_LIMIT = 2000               # characters of compiler/stderr text kept in a result
 COMPILE_CPU_S = 30
+COMPILE_WALL_S = COMPILE_CPU_S + 5  # a compiler blocked on something (not CPU) is stopped soon after
 COMPILE_MEMORY_MB = 4096
 COMPILE_FILE_BYTES = 256 << 20     # the binary, the assembler's temporary files
 SANDBOX_ERROR = 111                # sandbox.c could not set itself up: not the source's fault, not cached
@@ -170,7 +172,7 @@ def compile_cpp(source: str, flags: tuple[str, ...], uid: int, mode: str, cgroup
         if rc not in (0, "timeout") and pch:   # a clash with the forced include is not the source's error
             rc, message = _run_compiler(work, flags, None, uid, mode, cgroups)
         seconds = time.perf_counter() - t0
-        if rc == SANDBOX_ERROR:
+        if rc in (SANDBOX_ERROR, "timeout"):   # not the source's fault, or maybe a loaded host's: not cached
             return None, message, seconds
         if rc == 0 and keep is not None:       # a copy: the build is the compiling uid's, the copy root's
             shutil.copy(work / "main", keep)
@@ -199,11 +201,15 @@ def _run_compiler(work: Path, flags: tuple[str, ...], pch: Path | None, uid: int
     include = ["-I", "/pch" if mode == "namespaces" else str(pch), "-include", "bits/stdc++.h"] if pch else []
     # gold links ~5x faster than bfd (0.01 vs 0.05 s): 10% of a compile with the PCH
     link = ["-fuse-ld=gold"] if shutil.which("ld.gold") else []
+    # -pipe only where the compiler has no /proc: elsewhere `#include "/proc/self/fd/1"` opens cc1plus's pipe to
+    # the assembler for reading, and blocks until the wall limit
+    pipe = ["-pipe"] if mode == "namespaces" else []
     (work / "main").unlink(missing_ok=True)
-    r = run_sandboxed(["g++", *flags, *include, *link, "-pipe", "main.cpp", "-o", "main"], work.parent,
+    r = run_sandboxed(["g++", *flags, *include, *link, *pipe, "main.cpp", "-o", "main"], work.parent,
                       work.name, uid=uid, time_limit_s=COMPILE_CPU_S, memory_mb=COMPILE_MEMORY_MB, mode=mode,
                       files={"/pch": pch} if pch and mode == "namespaces" else None, workdir=work,
-                      output_limit=COMPILE_FILE_BYTES, cgroups=cgroups, scratch_mb=1024)
+                      output_limit=COMPILE_FILE_BYTES, cgroups=cgroups, scratch_mb=1024, forks=True,
+                      compiler=True, wall_s=COMPILE_WALL_S)
     try:
         if r["timed_out"] or r["cpu_s"] > COMPILE_CPU_S:
             return "timeout", "compilation timed out"

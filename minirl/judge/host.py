@@ -16,11 +16,13 @@ import logging
 import os
 import pwd
 import tempfile
+import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+_stage_lock = threading.Lock()
 # Sandbox uids; any that names an account or group is skipped. Not 61000-61899: judges from before leases took
 # those without asking and killed every process of their uid after each test, so one still running beside us
 # would kill our programs.
@@ -51,6 +53,27 @@ def _cache_path(setting: str | None, euid: int) -> Path:
         raise ValueError(f"MINIRL_JUDGE_CACHE={d} is under a world-writable directory; choose another folder "
                          "(default /var/lib/minirl-judge)")
     return d
+
+
+STAGE = Path("/run/minirl-judge-stage")
+
+
+def stage_dir() -> Path:
+    """Where worker sandboxes take their programs' files from (sandbox.py: `WorkerSandbox`): a tmpfs of the
+    judge's own (mounted once per host, root's alone), so that the bind a program sees names a path of that
+    tmpfs ("/u62000/main"), not one of the host; host-wide, whatever MINIRL_JUDGE_CACHE says."""
+    with _stage_lock:
+        if not os.path.ismount(STAGE):
+            STAGE.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with open(STAGE.with_name(STAGE.name + ".lock"), "w") as lock:   # judges of other processes
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not os.path.ismount(STAGE):
+                    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=700,nosuid,nodev", "tmpfs",
+                                        str(STAGE)], capture_output=True, text=True)
+                    if r.returncode != 0:   # still private (0700), but a program's mountinfo names the path
+                        log.warning("cannot mount the judge's staging tmpfs (%s): programs see its host path",
+                                    r.stderr.strip())
+        return STAGE
 
 
 def unique_tmp(path: Path) -> Path:

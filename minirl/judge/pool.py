@@ -24,12 +24,14 @@ the sequential judge gives whatever order its tests ran in) is minirl/judge/verd
 Failures are verdicts: whatever a program does, `run`/`run_many` return a result for it (a failure of the judge
 itself on one job is logged and returned as RE); only a call the caller got wrong (an unknown language) raises.
 
-Isolation: minirl/judge/sandbox.c and sandbox.py (a new root per program, seccomp, cgroups, leased uids; `Judge.isolation`
-says which mode this machine allows, the README what each guarantees).
+Isolation: minirl/judge/sandbox.c, worker_sandbox.py and sandbox.py (a new root per program, seccomp, cgroups,
+leased uids; `Judge.isolation` says which mode this machine allows, minirl/judge/README.md what each
+guarantees, `require_isolation` refuses the weak ones for model output unless the config accepts them).
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import threading
@@ -37,10 +39,16 @@ from pathlib import Path
 
 from minirl.judge.cgroup import Cgroups
 from minirl.judge.compile import pch_dir
-from minirl.judge.sandbox import WorkerSandbox, isolation_mode
+from minirl.judge.sandbox import isolation_mode
+from minirl.judge.worker_sandbox import WorkerSandbox
 from minirl.judge.host import lease_uids
 from minirl.judge.verdict import (CXX_FLAGS, LANGUAGES, VERDICTS, Job, JudgeResult, Worker, judge_error,  # noqa: F401
                             judge_job, outputs_match, prepare)
+
+log = logging.getLogger(__name__)
+WEAK = {  # the modes short of "namespaces", and what each loses
+    "uid": "without namespaces, programs see the host's files and may read what other runs leave there",
+    "rlimits": "without root, programs run as this process's uid and can read and write all its files"}
 
 
 # --- the pool --------------------------------------------------------------------------------------------
@@ -103,6 +111,8 @@ class Judge:
         for uid in self._lease.uids:
             self._uids.put(uid)
         self.isolation = isolation_mode(self._lease.uids[0])
+        if self.isolation in WEAK:
+            log.warning("the judge runs in %r mode: %s", self.isolation, WEAK[self.isolation])
         self.cgroups = Cgroups.detect() if cgroups and self.isolation != "rlimits" else None
         self._boxes: dict[int, WorkerSandbox] = {}  # uid -> its sandbox, kept open across run_many calls
         self._calls = 0                        # run_many calls in flight: close() waits for them
@@ -111,10 +121,12 @@ class Judge:
 
     def run(self, source: str, language: str, tests: list[dict], time_limit_s: float = 2.0,
             memory_limit_mb: int = 256, float_tolerance: float | None = None,
-            checker: dict | None = None) -> JudgeResult:
+            checker: dict | None = None, processes: bool = False) -> JudgeResult:
+        """Judge one program. `processes`: the problem needs new processes (by default one process, threads
+        allowed: fork, vfork and posix_spawn fail)."""
         return self.run_many([dict(source=source, language=language, tests=tests, time_limit_s=time_limit_s,
                                    memory_limit_mb=memory_limit_mb, float_tolerance=float_tolerance,
-                                   checker=checker)])[0]
+                                   checker=checker, processes=processes)])[0]
 
     def run_many(self, jobs: list[dict]) -> list[JudgeResult]:
         """Judge many programs in parallel; results in the order of `jobs`."""
@@ -187,6 +199,21 @@ class Judge:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def require_isolation(judge: Judge, setting: str) -> Judge:
+    """The judge, if its isolation is what `setting` ("strict" or "weak", the config's judge_isolation) accepts
+    for model output; else it is closed and a RuntimeError says what the weak mode loses."""
+    if setting not in ("strict", "weak"):
+        judge.close()
+        raise ValueError(f"judge_isolation must be 'strict' or 'weak', got {setting!r}")
+    if judge.isolation in WEAK:
+        line = f"the judge runs in {judge.isolation!r} mode: {WEAK[judge.isolation]}"
+        if setting == "strict":
+            judge.close()
+            raise RuntimeError(f"{line}. Run as root where namespaces work, or set judge_isolation: weak")
+        log.warning("%s (judge_isolation: weak)", line)
+    return judge
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,29 +1,35 @@
 /* minirl's sandbox launcher: one process that builds a deny-by-default sandbox and runs a program in it.
- * judge.py compiles it once per machine (sandbox.py: `_sandbox_helper`).
+ * minirl/judge/sandbox.py compiles it once per machine (`sandbox_helper`). One file, longer than the house's
+ * 350 lines, on purpose: it is what a reviewer of the isolation must read, and it is read as a whole (the seccomp
+ * filter, the new root and the init that reaps depend on each other's order); split, no part would make sense.
  *
- *   sandbox -u UID -t CPU_S -m AS_BYTES -f FSIZE_BYTES -p NPROC [-r REPORT] [-g CGROUP_PROCS]...
+ *   sandbox -u UID -t CPU_S -m AS_BYTES -f FSIZE_BYTES -p NPROC [-r REPORT] [-g CGROUP_PROCS]... [-F] [-C] [-N]
  *           [-i NEWROOT -s TMPFS_MB [-w HOST_DIR] [-b HOST_PATH:PATH]...] -- PROGRAM [ARGS...]
  *   sandbox -u UID -p NPROC [-g CGROUP_PROCS]... -i NEWROOT -b HOST_DIR:/.run/bin -c FD
  *
  * -g: join these cgroups first (a cgroup.procs file per controller; sandbox.py creates them).
- * -i: isolate. New mount, PID, network, IPC and UTS namespaces, and a new root on the empty folder NEWROOT: read-only
- *     binds of /usr and /lib* (and /bin, /sbin), a minimal /etc, /dev/{null,zero,full,random,urandom}, a /proc of
- *     the new PID namespace, and the only writable places, /work and /tmp, on one tmpfs of TMPFS_MB (`scratch`).
- *     /work is empty and owned by UID, or HOST_DIR bound read-write (-w, the compiler's output). -b binds
- *     HOST_PATH read-only at PATH (a relative PATH is in /work). The old root is detached: nothing else of the
- *     host is reachable.
+ * -i: isolate. New mount, PID, network, IPC, UTS and cgroup namespaces, and a new root on the empty folder
+ *     NEWROOT: read-only binds of /usr and /lib* (and /bin, /sbin), a minimal /etc, /dev/{null,zero,full,random,
+ *     urandom}, a /proc of the new PID namespace (none with -N: the compiler), and the only writable places,
+ *     /work and /tmp, on one tmpfs of TMPFS_MB (`scratch`). /work is empty and owned by UID, or HOST_DIR bound
+ *     read-write (-w, the compiler's output). -b binds HOST_PATH read-only at PATH (a relative PATH is in /work).
+ *     The old root is detached: nothing else of the host is reachable.
  * -c: serve (with -i, instead of a program): build the sandbox once, then run what each request on the unix
- *     socket FD says (`serve`: limits, a program file, argv, stdin/stdout/stderr). Each run gets mount, PID and
- *     IPC namespaces of its own under an init of its own (fresh /work and /tmp, PIDs from 1) and is killed and
- *     reaped with everything it started before the reply, a line "STATUS MAX_RSS_KB USER_S SYS_S". The socket
- *     closing ends the sandbox. A run this way costs ~1.3 ms instead of ~3.5 ms for a whole sandbox here, and
- *     the sandbox joins its cgroups once (a join can wait ~15 ms for an RCU grace period).
- * Always: rlimits, drop to UID (no groups, no new privileges), a seccomp filter (see `deny`), then exec.
+ *     socket FD says (`serve`: limits, whether processes are allowed, a program file, argv, stdin/stdout/stderr).
+ *     Each run gets mount, PID and IPC namespaces of its own under an init of its own (fresh /work and /tmp,
+ *     PIDs from 1) and is killed and reaped with everything it started before the reply, a line "STATUS
+ *     MAX_RSS_KB USER_S SYS_S". The socket closing ends the sandbox. A run this way costs ~1.3 ms instead of
+ *     ~3.5 ms for a whole sandbox here, and the sandbox joins its cgroups once (a join can wait ~15 ms for an
+ *     RCU grace period).
+ * -F: new processes allowed (else threads only); -C: no file creation (the host's folders, "uid" mode).
+ * Always: rlimits, drop to UID (no groups, no new privileges; without root UID is the caller's own), a seccomp
+ * filter (see `install_seccomp`), then exec. SIGTERM to the launcher ends the run: it kills init and exits once
+ * init is reaped, when nothing of the run is left.
  *
  * The program runs under a minimal init (PID 1 in the new namespace; a child subreaper without -i). When the
- * program exits, init kills every process left (PID 1's kill(-1), or kill(-1) as UID) and reaps them all, so
- * REPORT's "MAX_RSS_KB USER_S SYS_S" covers every descendant, forked children that were never waited for
- * included. Exit status: the program's, or 128+signal; 111 if the sandbox itself could not be set up.
+ * program exits, init kills every process left (PID 1's kill(-1), kill(-1) as UID, or the program's process
+ * group as the caller's own uid) and reaps them all, so REPORT's "MAX_RSS_KB USER_S SYS_S" covers every
+ * descendant it reaped. Exit status: the program's, or 128+signal; 111 if the sandbox itself could not be set up.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -39,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -56,13 +63,27 @@ static void limit(int resource, rlim_t value) {
     if (setrlimit(resource, &l)) die("setrlimit");
 }
 
-/* --- seccomp: syscalls a contest program or a compiler never needs, and that reach past the sandbox -------- */
+/* --- seccomp: what a contest program never needs, and what reaches past its own run ------------------------ */
 
 #if defined(__x86_64__)
 #define NATIVE_ARCH AUDIT_ARCH_X86_64
 #elif defined(__aarch64__)
 #define NATIVE_ARCH AUDIT_ARCH_AARCH64
 #endif
+#ifndef SYS_cachestat
+#define SYS_cachestat 451
+#endif
+#ifndef SYS_memfd_secret
+#define SYS_memfd_secret 447
+#endif
+#ifndef RWF_NOWAIT
+#define RWF_NOWAIT 0x8
+#endif
+#ifndef MADV_COLD
+#define MADV_COLD 20
+#define MADV_PAGEOUT 21
+#endif
+#define O_TMPFILE_BIT 020000000
 
 static const int deny[] = {
     SYS_unshare, SYS_setns, SYS_mount, SYS_umount2, SYS_pivot_root, SYS_chroot,   /* namespaces, mounts */
@@ -78,40 +99,105 @@ static const int deny[] = {
     SYS_pidfd_getfd,
 #endif
     SYS_bpf, SYS_perf_event_open, SYS_userfaultfd, SYS_fanotify_init, SYS_open_by_handle_at, SYS_name_to_handle_at,
-    SYS_memfd_create, SYS_shmget, SYS_msgget, SYS_semget,    /* memory that RLIMIT_AS does not count */
+    SYS_memfd_create, SYS_memfd_secret, SYS_shmget, SYS_msgget, SYS_semget,  /* memory RLIMIT_AS does not count */
     SYS_mq_open, SYS_mq_unlink,                               /* POSIX queues: state outside any process */
     SYS_socket, SYS_socketpair,        /* no network, and no fds in flight (SCM_RIGHTS) keeping a tmpfs alive */
+    /* the page cache of the system files is shared by every sandbox: no probing or evicting it (the residency of
+     * chosen pages would carry one sample's answer to another) */
+    SYS_mincore, SYS_cachestat, SYS_fadvise64, SYS_readahead, SYS_process_madvise,
+    /* signals and scheduling reach only the program's own process (see `pid_is`); these take other handles */
+    SYS_tkill, SYS_pidfd_send_signal, SYS_ioprio_set, SYS_migrate_pages, SYS_move_pages,
     SYS_kexec_load, SYS_init_module, SYS_finit_module, SYS_delete_module, SYS_reboot, SYS_swapon, SYS_swapoff,
     SYS_acct, SYS_quotactl, SYS_syslog,
 };
+/* denied only where the run shares the host's folders ("uid" mode, -C): no file of its own to leave behind */
+static const int create[] = {SYS_creat, SYS_mkdir, SYS_mkdirat, SYS_mknod, SYS_mknodat, SYS_link, SYS_linkat,
+                             SYS_symlink, SYS_symlinkat, SYS_rename, SYS_renameat, SYS_renameat2};
+/* syscalls naming a process (argument 0, or 1 for setpriority): the program's own only. Threads name
+ * themselves by their own tid, which is not the pid: affinity or priority per thread is refused (EPERM). */
+static const int own_pid[][2] = {
+    {SYS_kill, 0}, {SYS_tgkill, 0}, {SYS_rt_sigqueueinfo, 0}, {SYS_rt_tgsigqueueinfo, 0}, {SYS_pidfd_open, 0},
+    {SYS_prlimit64, 0}, {SYS_sched_setaffinity, 0}, {SYS_sched_setparam, 0}, {SYS_sched_setscheduler, 0},
+    {SYS_sched_setattr, 0}, {SYS_setpriority, 1},
+};
 #define NS_FLAGS (CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | \
                   CLONE_NEWCGROUP)
+#define ARG_LO(k) offsetof(struct seccomp_data, args[k])
+#define ARG_HI(k) (offsetof(struct seccomp_data, args[k]) + 4)   /* little-endian: both targets here */
+#define LD(off) BPF_STMT(BPF_LD | BPF_W | BPF_ABS, off)
+#define IS(v, t, f) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, v, t, f)
+#define HAS(v, t, f) BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, v, t, f)
+#define RET(v) BPF_STMT(BPF_RET | BPF_K, v)
+#define ALLOW RET(SECCOMP_RET_ALLOW)
+#define FAIL(e) RET(SECCOMP_RET_ERRNO | (e))
 
-static void install_seccomp(void) {
+static struct sock_filter f[512];
+static int n;
+#define ADD(...) (f[n++] = (struct sock_filter)__VA_ARGS__)
+
+static void refuse(int nr, int err) { ADD(IS(nr, 0, 1)); ADD(FAIL(err)); }
+
+static void pid_is(int nr, int arg, pid_t self) {  /* allow `nr` only if its argument is 0 or `self` */
+    ADD(IS(nr, 0, 7)); ADD(LD(ARG_HI(arg))); ADD(IS(0, 0, 4)); ADD(LD(ARG_LO(arg)));
+    ADD(IS(0, 1, 0)); ADD(IS((unsigned)self, 0, 1)); ADD(ALLOW); ADD(FAIL(EPERM));
+}
+
+static void refuse_values(int nr, int arg, const unsigned *values, int nvalues) {  /* up to 4 */
+    ADD(IS(nr, 0, nvalues + 3)); ADD(LD(ARG_LO(arg)));
+    for (int i = 0; i < nvalues; i++) ADD(IS(values[i], nvalues - i, 0));
+    ADD(ALLOW); ADD(FAIL(EPERM));
+}
+
+static void refuse_flags(int nr, int arg, unsigned flags, int err) {
+    ADD(IS(nr, 0, 4)); ADD(LD(ARG_LO(arg))); ADD(HAS(flags, 0, 1)); ADD(FAIL(err)); ADD(ALLOW);
+}
+
+/* forks: new processes allowed (compiler, checker, a problem that asks for them); else threads only (clone
+ * with CLONE_THREAD), as isolate does by default: a child could hide its CPU time (reaped by the kernel when
+ * SIGCHLD is ignored) and hold a whole RLIMIT_AS of its own. create: file creation denied. */
+static void install_seccomp(int forks, int create_files) {
 #ifdef NATIVE_ARCH
-    struct sock_filter f[128];
-    int n = 0, ndeny = sizeof deny / sizeof deny[0];
-#define ADD(x) (f[n++] = (struct sock_filter)x)
-    ADD(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)));
-    ADD(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NATIVE_ARCH, 1, 0));
-    ADD(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS));       /* another ABI: no such programs here */
-    ADD(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)));
+    pid_t self = getpid();
+    n = 0;
+    ADD(LD(offsetof(struct seccomp_data, arch)));
+    ADD(IS(NATIVE_ARCH, 1, 0));
+    ADD(RET(SECCOMP_RET_KILL_PROCESS));                   /* another ABI: no such programs here */
+    ADD(LD(offsetof(struct seccomp_data, nr)));
 #ifdef __x86_64__
     ADD(BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000, 0, 1));    /* x32 numbers alias the denied calls */
-    ADD(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM));
+    ADD(FAIL(EPERM));
 #endif
-    for (int i = 0; i < ndeny; i++) {
-        ADD(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, deny[i], 0, 1));
-        ADD(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM));
+    const int hot[] = {SYS_read, SYS_write, SYS_futex, SYS_mmap, SYS_munmap, SYS_brk, SYS_lseek, SYS_close};
+    for (unsigned i = 0; i < sizeof hot / sizeof hot[0]; i++) { ADD(IS(hot[i], 0, 1)); ADD(ALLOW); }
+    for (unsigned i = 0; i < sizeof deny / sizeof deny[0]; i++) refuse(deny[i], EPERM);
+    /* setpriority(PRIO_PROCESS, ...) only: PRIO_USER 0 is every process of the uid (the judge's, without root) */
+    ADD(IS(SYS_setpriority, 0, 4)); ADD(LD(ARG_LO(0))); ADD(IS(0, 1, 0)); ADD(FAIL(EPERM));
+    ADD(LD(offsetof(struct seccomp_data, nr)));
+    for (unsigned i = 0; i < sizeof own_pid / sizeof own_pid[0]; i++) pid_is(own_pid[i][0], own_pid[i][1], self);
+    const unsigned evict[] = {MADV_COLD, MADV_PAGEOUT};
+    refuse_values(SYS_madvise, 2, evict, 2);
+    /* pipes past 64 KiB are memory outside RLIMIT_AS; SIGIO owners are signals to other processes */
+    const unsigned fcntls[] = {F_SETPIPE_SZ, F_SETOWN, F_SETOWN_EX, F_SETSIG};
+    refuse_values(SYS_fcntl, 1, fcntls, 4);
+    refuse_flags(SYS_preadv2, 5, RWF_NOWAIT, EOPNOTSUPP);      /* NOWAIT: a read that says what is cached */
+    refuse_flags(SYS_pwritev2, 5, RWF_NOWAIT, EOPNOTSUPP);
+    if (create_files) {
+        for (unsigned i = 0; i < sizeof create / sizeof create[0]; i++) refuse(create[i], EPERM);
+        refuse_flags(SYS_open, 1, O_CREAT | O_TMPFILE_BIT, EPERM);
+        refuse_flags(SYS_openat, 2, O_CREAT | O_TMPFILE_BIT, EPERM);
     }
-    /* clone3 passes its flags in memory a filter cannot read: ENOSYS makes libc fall back to clone */
-    ADD(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone3, 0, 1));
-    ADD(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS));
-    ADD(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 0, 3));
-    ADD(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])));  /* flags, low half */
-    ADD(BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, NS_FLAGS, 0, 1));
-    ADD(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM));
-    ADD(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
+    /* clone3 and openat2 pass their flags in memory a filter cannot read: ENOSYS makes libc use clone / openat */
+    refuse(SYS_clone3, ENOSYS);
+    refuse(SYS_openat2, ENOSYS);
+    if (!forks) { refuse(SYS_fork, EPERM); refuse(SYS_vfork, EPERM); }
+    ADD(IS(SYS_clone, 0, 5));
+    ADD(LD(ARG_LO(0)));                                    /* flags, low half */
+    ADD(HAS(NS_FLAGS, 2, 0));
+    if (forks) ADD(BPF_STMT(BPF_JMP | BPF_JA, 0));
+    else ADD(HAS(CLONE_THREAD, 0, 1));
+    ADD(ALLOW);
+    ADD(FAIL(EPERM));
+    ADD(ALLOW);
     struct sock_fprog prog = {(unsigned short)n, f};
     if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog)) die("seccomp");
 #endif
@@ -148,7 +234,7 @@ static void system_dir(const char *path) {             /* /bin -> usr/bin stays 
 
 /* The new root: mount points on a small root-owned tmpfs, nothing writable by the program. -b files with a
  * relative PATH wait in /.run, -w's folder at /.run/.work, for `scratch` to bind into /work. */
-static void build_root(const char *workdir, char **binds, int nbinds) {
+static void build_root(const char *workdir, char **binds, int nbinds, int with_proc) {
     char path[4096];
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) die("mount private");
     if (mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")) die("mount tmpfs");
@@ -162,8 +248,8 @@ static void build_root(const char *workdir, char **binds, int nbinds) {
     const char *dev[] = {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"};
     for (int i = 0; i < 5; i++) bind_path(dev[i], dev[i], 0);
     at(path, "/dev/fd"); if (symlink("/proc/self/fd", path)) die("symlink");
-    at(path, "/proc");
-    if (mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL)) die("mount proc");
+    at(path, "/proc");       /* -N (the compiler): none, so no path names its own descriptors (a pipe would block) */
+    if (with_proc && mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL)) die("mount proc");
     if (workdir) bind_path(workdir, "/.run/.work", 0);
     for (int i = 0; i < nbinds; i++) {
         char *colon = strchr(binds[i], ':'), dst[4096];
@@ -199,18 +285,24 @@ static void scratch(uid_t uid, const char *tmpfs_mb, int host_work, char **binds
     if (chdir("/work")) die("chdir");
 }
 
-/* Limits, the uid, seccomp, exec: the last steps of every run, in the process that becomes the program. */
-static void start(char **program, uid_t uid, rlim_t cpu, rlim_t as, rlim_t fsize, rlim_t nproc) {
-    limit(RLIMIT_CPU, cpu);
-    limit(RLIMIT_AS, as);
+/* A run's limits and what its seccomp filter allows (forks: new processes; create: file creation). */
+struct limits { rlim_t cpu, as, fsize, nproc; int forks, create; };
+
+/* Limits, the uid, seccomp, exec: the last steps of every run, in the process that becomes the program. Without
+ * root ("rlimits" mode) the uid stays the judge's: the seccomp filter is then all that keeps the program from
+ * signalling it. */
+static void start(char **program, uid_t uid, const struct limits *l) {
+    limit(RLIMIT_CPU, l->cpu);
+    limit(RLIMIT_AS, l->as);
     limit(RLIMIT_STACK, RLIM_INFINITY);  /* main stack: bounded by RLIMIT_AS; threads: glibc's 2 MiB default (a
                                             finite limit would be every thread's size, and none would fit) */
-    limit(RLIMIT_FSIZE, fsize);
+    limit(RLIMIT_FSIZE, l->fsize);
     limit(RLIMIT_NOFILE, 64);
-    limit(RLIMIT_NPROC, nproc);
-    if (setgroups(0, NULL) || setgid(uid) || setuid(uid)) die("drop privileges");
+    if (l->nproc) limit(RLIMIT_NPROC, l->nproc);
+    if (uid == getuid() && setpgid(0, 0)) die("setpgid");  /* the group init kills when the program ends */
+    if (uid != getuid() && (setgroups(0, NULL) || setgid(uid) || setuid(uid))) die("drop privileges");
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) die("no_new_privs");
-    install_seccomp();
+    install_seccomp(l->forks, l->create);
     execvp(program[0], program);
     perror("exec");
     _exit(127);
@@ -239,6 +331,7 @@ static int reap(pid_t program, uid_t uid, int isolated, struct usage *u) {
     status = WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
     for (;;) {                                        /* kill, reap one, again: until no child is left */
         if (isolated) kill(-1, SIGKILL);              /* PID 1: every other process of the namespace */
+        else if (uid == getuid()) kill(-program, SIGKILL);  /* the judge's own uid: the program's group only */
         else {                                        /* not PID 1: kill(-1) as the uid reaches only its own */
             pid_t killer = fork();
             if (killer == 0) {
@@ -275,9 +368,9 @@ static int judge_left(int sock, pid_t run_init) {
 }
 
 /* -c: one run per request on `sock` until it closes. A request: the fields CPU_S, AS_BYTES, FSIZE_BYTES, TMPFS_MB,
- * NAME and the program's argv, each ending in a NUL, and three file descriptors: the run's stdin, stdout and
- * stderr. The judge puts the program's file (binary or source) at /.run/bin/NAME (its folder, bound there by -b),
- * which is bound read-only at /work/NAME. */
+ * FORKS (0 or 1), NAME and the program's argv, each ending in a NUL, and three file descriptors: the run's stdin,
+ * stdout and stderr. The judge puts the program's file (binary or source) at /.run/bin/NAME (its folder, bound
+ * there by -b), which is bound read-only at /work/NAME. */
 static int serve(int sock, uid_t uid, rlim_t nproc) {
     for (;;) {
         char buf[8192], line[128], control[CMSG_SPACE(3 * sizeof(int))], *field[256], file[4096];
@@ -294,11 +387,12 @@ static int serve(int sock, uid_t uid, rlim_t nproc) {
         memcpy(fds, CMSG_DATA(c), sizeof fds);
         for (char *f = buf; f < buf + n && nfield < 255; f += strlen(f) + 1) field[nfield++] = f;
         field[nfield] = NULL;
-        const char *name = nfield > 5 ? field[4] : "";
-        if (nfield < 6 || !name[0] || name[0] == '.' || strchr(name, '/') || strspn(field[3], "0123456789") !=
+        const char *name = nfield > 6 ? field[5] : "";
+        if (nfield < 7 || !name[0] || name[0] == '.' || strchr(name, '/') || strspn(field[3], "0123456789") !=
             strlen(field[3]))
             return 111;
-        rlim_t cpu = strtoull(field[0], 0, 10), as = strtoull(field[1], 0, 10), fsize = strtoull(field[2], 0, 10);
+        struct limits l = {strtoull(field[0], 0, 10), strtoull(field[1], 0, 10), strtoull(field[2], 0, 10), nproc,
+                           field[4][0] == '1', 0};
         /* The run's own mount, PID and IPC namespaces, under an init of its own: fresh /work and /tmp, PIDs from
          * 1, and nothing an earlier run left (files, processes, counters) is there; all of it goes with the run. */
         pid_t run_init = syscall(SYS_clone, CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | SIGCHLD, 0, 0, 0, 0);
@@ -314,7 +408,8 @@ static int serve(int sock, uid_t uid, rlim_t nproc) {
             bind_path(file, name, 1);
             pid_t child = fork();
             if (child < 0) die("fork");
-            if (child == 0) start(field + 5, uid, cpu, as, fsize, nproc);
+            if (child == 0) start(field + 6, uid, &l);
+            for (int k = 0; k < 3; k++) close(k);      /* the program's pipes reach EOF when it is gone */
             struct usage own;
             _exit(reap(child, uid, 1, &own));          /* its usage reaches us through wait4 */
         }
@@ -330,19 +425,32 @@ static int serve(int sock, uid_t uid, rlim_t nproc) {
     }
 }
 
+/* /proc/PID/cmdline is anyone's to read, and a run's init is PID 1 of its namespace: its options name host paths
+ * (the cache, the cgroup and with it the judge's pid). Blank them once used (the program's own argv stays). */
+static void hide_options(int n, char **argv) {
+    for (int i = 0; i < n; i++) memset(argv[i], 0, strlen(argv[i]));
+    prctl(PR_SET_NAME, "init");                        /* comm: the helper's file name otherwise */
+}
+
+static pid_t init_pid;                                 /* the launcher's child, for `stop` */
+
+/* SIGTERM to the launcher (the judge, at a wall-clock limit): kill init, whose PID namespace goes with it, and
+ * exit once it is reaped, so that nothing of the run is left when the judge's wait returns. */
+static void stop(int sig) { (void)sig; if (init_pid > 0) kill(init_pid, SIGKILL); }
+
 int main(int argc, char **argv) {
     uid_t uid = 0;
-    rlim_t cpu = 1, as = 1 << 28, fsize = 1 << 20, nproc = 64;
+    struct limits l = {1, 1 << 28, 1 << 20, 64, 0, 0};
     const char *tmpfs_mb = "64", *workdir = NULL, *report_path = NULL;
     char *binds[64];
-    int nbinds = 0, opt, isolated = 0, sock = -1;
-    while ((opt = getopt(argc, argv, "u:t:m:f:p:r:g:i:s:w:b:c:")) != -1) {
+    int nbinds = 0, opt, isolated = 0, sock = -1, with_proc = 1;
+    while ((opt = getopt(argc, argv, "u:t:m:f:p:r:g:i:s:w:b:c:FCN")) != -1) {
         switch (opt) {
         case 'u': uid = (uid_t)atol(optarg); break;
-        case 't': cpu = strtoull(optarg, 0, 10); break;
-        case 'm': as = strtoull(optarg, 0, 10); break;
-        case 'f': fsize = strtoull(optarg, 0, 10); break;
-        case 'p': nproc = strtoull(optarg, 0, 10); break;
+        case 't': l.cpu = strtoull(optarg, 0, 10); break;
+        case 'm': l.as = strtoull(optarg, 0, 10); break;
+        case 'f': l.fsize = strtoull(optarg, 0, 10); break;
+        case 'p': l.nproc = strtoull(optarg, 0, 10); break;
         case 'r': report_path = optarg; break;
         case 'g': {                                    /* join a cgroup: write our pid to its cgroup.procs */
             FILE *f = fopen(optarg, "w");
@@ -354,37 +462,54 @@ int main(int argc, char **argv) {
         case 'w': workdir = optarg; break;
         case 'b': if (nbinds < 64) binds[nbinds++] = optarg; break;
         case 'c': sock = atoi(optarg); break;
+        case 'F': l.forks = 1; break;
+        case 'C': l.create = 1; break;
+        case 'N': with_proc = 0; break;
         default: fprintf(stderr, "sandbox: bad option\n"); return 111;
         }
     }
-    if (uid == 0 || (sock < 0 && optind >= argc) || (sock >= 0 && (!isolated || workdir))) {
-        fprintf(stderr, "sandbox: need -u UID (not 0) and a program (with -c: -i, and no -w)\n");
+    /* uid 0 never; the caller's own uid only without root (no other to drop to) */
+    if (uid == 0 || (uid == getuid() && geteuid() == 0) || (uid != getuid() && geteuid() != 0) ||
+        (sock < 0 && optind >= argc) || (sock >= 0 && (!isolated || workdir))) {
+        fprintf(stderr, "sandbox: need -u UID (not 0; not root's own) and a program (with -c: -i, and no -w)\n");
         return 111;
     }
     char **program = argv + optind;
+    /* not dumpable: without root the program shares our uid, and would otherwise write our memory through
+     * /proc/PID/mem (init and launcher run without the seccomp filter); exec makes the program dumpable again */
+    prctl(PR_SET_DUMPABLE, 0);
     /* a single run's judge waits in the thread that started it, so that thread's end is the judge's; a serving
      * sandbox outlives the thread that started it and watches its socket instead (`judge_left`) */
     if (sock < 0) prctl(PR_SET_PDEATHSIG, SIGKILL);
     FILE *report = report_path ? fopen(report_path, "w") : NULL;  /* opened before the host disappears */
     limit(RLIMIT_CORE, 0);
-    if (isolated && unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)) die("unshare");
+    /* a cgroup namespace too: /proc/self/cgroup shows "/", not the judge's cgroup path and pid */
+    if (isolated && unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |
+                            CLONE_NEWCGROUP))
+        die("unshare");
+    struct sigaction term = {.sa_handler = stop};      /* no SA_RESTART: waitpid returns EINTR, and loops */
+    sigemptyset(&term.sa_mask);
+    sigaction(SIGTERM, &term, NULL);
     pid_t init = fork();
     if (init < 0) die("fork");
     if (init > 0) {                                    /* stays outside: its exit status is the program's */
         int st;
+        init_pid = init;
         if (report) fclose(report);
         if (sock >= 0) close(sock);                    /* init's alone: the judge sees EOF when init is gone */
         while (waitpid(init, &st, 0) < 0)
             if (errno != EINTR) return 111;
         return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
     }
+    signal(SIGTERM, SIG_DFL);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (!isolated) prctl(PR_SET_CHILD_SUBREAPER, 1);  /* orphans (setsid or not) come back to us */
     if (isolated) {
-        build_root(workdir, binds, nbinds);
-        if (sock >= 0) _exit(serve(sock, uid, nproc));
+        build_root(workdir, binds, nbinds, with_proc);
+        if (sock >= 0) { hide_options(argc, argv); _exit(serve(sock, uid, l.nproc)); }
         scratch(uid, tmpfs_mb, workdir != NULL, binds, nbinds);
     }
+    hide_options(optind, argv);
     pid_t child = fork();
     if (child < 0) die("fork");
     if (child > 0) {
@@ -398,5 +523,5 @@ int main(int argc, char **argv) {
         _exit(status);
     }
     if (report) fclose(report);
-    start(program, uid, cpu, as, fsize, nproc);
+    start(program, uid, &l);
 }

@@ -17,10 +17,7 @@ does, a result comes back; a failure of the judge itself on one job is logged an
 from __future__ import annotations
 
 import logging
-import math
-import mmap
 import os
-import re
 import signal
 import tempfile
 import threading
@@ -28,13 +25,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from minirl.judge.cgroup import Cgroups
+from minirl.judge.compare import output_file_matches, outputs_match  # noqa: F401 (re-exported)
 from minirl.judge.compile import MESSAGE_LIMIT, compile_cpp, tail
-from minirl.judge.sandbox import OUTPUT_LIMIT_BYTES, WorkerSandbox, isolation_mode, run_sandboxed
+from minirl.judge.sandbox import isolation_mode, run_sandboxed
+from minirl.judge.worker_sandbox import WorkerSandbox
+from minirl.judge.stdio import OUTPUT_LIMIT_BYTES
 from minirl.judge.host import cache_dir, lease_uids, remove_tree
 
 log = logging.getLogger(__name__)
 VERDICTS = ("AC", "WA", "TLE", "MLE", "RE", "CE", "OLE")
 CXX_FLAGS = ("-std=c++17", "-O2")
+KEPT_OUTPUT_BYTES = 1 << 20        # stdout/stderr returned for a test with keep_output (server.py)
 PYTHON_SOURCE_LIMIT = 1 << 20      # compile() of a larger source in the judge's own process is not worth the risk
 LANGUAGES = {"cpp": "cpp", "c++": "cpp", "python": "python", "python3": "python"}
 
@@ -50,45 +51,6 @@ class JudgeResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-# --- comparing -------------------------------------------------------------------------------------------
-
-_TOKEN = re.compile(rb"\S+")       # bytes.split()'s whitespace: space, \t, \n, \r, \v, \f
-
-
-def outputs_match(actual: bytes | str | mmap.mmap, expected: str, float_tolerance: float | None = None) -> bool:
-    """Token-wise and whitespace-insensitive, on bytes; stops at the first mismatch or the first token past the
-    expected ones, so 64 MiB of garbage costs one token. With a tolerance, numeric tokens match if both are
-    finite and |a-b| <= tol*max(1,|b|) (an expected "inf" must then be printed as the same token)."""
-    want = expected.encode().split()
-    actual = actual.encode() if isinstance(actual, str) else actual
-    n = 0
-    for m in _TOKEN.finditer(actual):
-        if n == len(want):
-            return False
-        x, y = m.group(), want[n]
-        n += 1
-        if x != y and not (float_tolerance is not None and _close(x, y, float_tolerance)):
-            return False
-    return n == len(want)
-
-
-def _close(x: bytes, y: bytes, tol: float) -> bool:
-    try:
-        fx, fy = float(x), float(y)
-    except ValueError:
-        return False
-    return math.isfinite(fx) and math.isfinite(fy) and abs(fx - fy) <= tol * max(1.0, abs(fy))
-
-
-def _output_matches(path: Path, expected: str, float_tolerance: float | None) -> bool:
-    """The program's output file against the expected text, mapped rather than read (never decoded)."""
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return outputs_match(b"", expected, float_tolerance)
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return outputs_match(data, expected, float_tolerance)
 
 
 # --- one job ---------------------------------------------------------------------------------------------
@@ -119,7 +81,7 @@ def _classify(r: dict, time_limit_s: float, memory_mb: int, output_limit: int) -
 def judge_job(source: str, language: str, tests: list[dict], time_limit_s: float = 2.0,
               memory_limit_mb: int = 256, float_tolerance: float | None = None, checker: dict | None = None,
               cxx_flags: tuple[str, ...] = CXX_FLAGS, mode: str | None = None, uid: int | None = None,
-              cgroups: Cgroups | None = None) -> JudgeResult:
+              cgroups: Cgroups | None = None, processes: bool = False) -> JudgeResult:
     """Compile (if needed) and run `source` on every test, in the calling thread. Never raises for anything a
     program does: a failure of the judge itself on this job is logged and returned as RE."""
     lease = lease_uids(1) if uid is None else None
@@ -127,7 +89,7 @@ def judge_job(source: str, language: str, tests: list[dict], time_limit_s: float
         uid = lease.uids[0] if lease else uid
         mode = isolation_mode(uid) if mode is None else mode
         job = prepare(source, language, tests, time_limit_s, memory_limit_mb, float_tolerance, checker,
-                       cxx_flags, mode=mode, uid=uid, cgroups=cgroups)
+                       cxx_flags, mode=mode, uid=uid, cgroups=cgroups, processes=processes)
         if isinstance(job, JudgeResult):
             return job
         boxes: dict[int, WorkerSandbox] = {}
@@ -156,11 +118,11 @@ class Job:
 
     def __init__(self, root: Path, tests: list[dict], argv: list[str], files: dict[str, Path], time_limit_s: float,
                  memory_mb: int, float_tolerance: float | None, checker: dict | None, compile_s: float, mode: str,
-                 cgroups: Cgroups | None):
+                 cgroups: Cgroups | None, forks: bool = False):
         self.root, self.tests, self.argv, self.files = root, tests, argv, files
         self.time_limit_s, self.memory_mb, self.float_tolerance, self.checker = \
             time_limit_s, memory_mb, float_tolerance, checker
-        self.compile_s, self.mode, self.cgroups = compile_s, mode, cgroups
+        self.compile_s, self.mode, self.cgroups, self.forks = compile_s, mode, cgroups, forks
         self.outcomes: dict[int, tuple[dict, str] | Exception] = {}  # test index -> (result, stderr) or error
         self._cond = threading.Condition()
         self._next = 0            # the next test to hand out
@@ -215,8 +177,10 @@ class Job:
 def prepare(source: str, language: str, tests: list[dict], time_limit_s: float = 2.0, memory_limit_mb: int = 256,
              float_tolerance: float | None = None, checker: dict | None = None,
              cxx_flags: tuple[str, ...] = CXX_FLAGS, *, mode: str, uid: int,
-             cgroups: Cgroups | None) -> JudgeResult | Job:
-    """Compile or syntax-check `source` and make its run folder: a job ready to run, or its result (CE)."""
+             cgroups: Cgroups | None, processes: bool = False) -> JudgeResult | Job:
+    """Compile or syntax-check `source` and make its run folder: a job ready to run, or its result (CE).
+    `processes`: the problem needs new processes (fork, subprocess); by default a program is one process (its
+    threads included), so that no child can hide its CPU time or hold an address space of its own."""
     language = LANGUAGES[language]
     root = Path(tempfile.mkdtemp(prefix="run-", dir=cache_dir()))  # 0700: host-side files of this job
     own = root / ".job"  # the program and checker: root's alone even where root/ is 0711 ("uid" mode)
@@ -243,7 +207,7 @@ def prepare(source: str, language: str, tests: list[dict], time_limit_s: float =
         if checker and checker.get("language", "python").startswith("python"):
             (own / "checker.py").write_text(checker["source"])  # once: tests may run at once and all read it
         return Job(root, tests, argv, files, time_limit_s, memory_limit_mb, float_tolerance, checker, compile_s,
-                    mode, cgroups)
+                   mode, cgroups, forks=processes)
     except BaseException:
         remove_tree(root)
         raise
@@ -274,31 +238,33 @@ def _run_test(job: Job, i: int, worker: Worker) -> tuple[dict, str]:
     """Test `i`'s result and its stderr (for a non-AC verdict). Its files are its own (t{i}.*, c{i}.*, the work
     folder t{i} outside namespaces), so tests of one job may run at once, each as its worker's uid."""
     root, test, uid = job.root, job.tests[i], worker.uid
-    _write_private(root / f"t{i}.in", test["input"], uid, job.mode)
     if job.mode == "namespaces":
         (name, path), = job.files.items()
-        r = worker.sandbox().run(job.argv, (name, path), root, f"t{i}", root / f"t{i}.in",
-                                 time_limit_s=job.time_limit_s, memory_mb=job.memory_mb)
+        r = worker.sandbox().run(job.argv, (name, path), root, f"t{i}", test["input"],
+                                 time_limit_s=job.time_limit_s, memory_mb=job.memory_mb, forks=job.forks)
     else:
         r = run_sandboxed(job.argv, root, f"t{i}", uid=uid, time_limit_s=job.time_limit_s,
-                          memory_mb=job.memory_mb, mode=job.mode, stdin_path=root / f"t{i}.in", files=job.files,
-                          cgroups=job.cgroups)
+                          memory_mb=job.memory_mb, mode=job.mode, stdin=test["input"], files=job.files,
+                          cgroups=job.cgroups, forks=job.forks)
     v = _classify(r, job.time_limit_s, job.memory_mb, OUTPUT_LIMIT_BYTES)
     if v is None:
         ok = _check(job.checker, test, r["out"], root, i, uid, job.mode, job.cgroups) if job.checker else \
-            _output_matches(r["out"], test["output"], job.float_tolerance)
+            output_file_matches(r["out"], test["output"], job.float_tolerance)
         v = "AC" if ok else "WA"
     result = {"verdict": v, "time_s": round(r["cpu_s"], 4), "wall_s": round(r["wall_s"], 4),
               "memory_mb": None if r["max_rss_mb"] is None else round(r["max_rss_mb"], 1)}
     message = tail(r["err"]) if v != "AC" else ""
-    for name in (f"t{i}.in", f"t{i}.out", f"t{i}.err"):
+    if test.get("keep_output"):  # the SandboxFusion endpoint reports the run itself (minirl/judge/server.py)
+        result.update(stdout=tail(r["out"], KEPT_OUTPUT_BYTES), stderr=tail(r["err"], KEPT_OUTPUT_BYTES),
+                      returncode=r["returncode"])
+    for name in (f"t{i}.out", f"t{i}.err"):
         (root / name).unlink(missing_ok=True)
     return result, message
 
 
 def _write_private(path: Path, text: str, uid: int, mode: str) -> None:
-    """A test's input or expected output: readable by the uid running that test (for a checker) and nobody
-    else. Outside namespaces a program sees the run folder, where another test of its job may run at once."""
+    """A special checker's copy of a test's input or expected output: readable by the uid running the checker
+    and nobody else (outside namespaces a program sees the run folder, where another test of its job may run)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with open(fd, "w") as f:
         f.write(text)
@@ -348,8 +314,11 @@ def _check(checker: dict, test: dict, out: Path, root: Path, i: int, uid: int, m
            cgroups: Cgroups | None) -> bool:
     """A special checker: a program run as `checker input expected actual`; exit code 0 accepts. A Python
     checker's source is root/.job/checker.py, written by `prepare`."""
+    _write_private(root / f"c{i}.in", test["input"], uid, mode)   # its own copy, made after the program ended
     _write_private(root / f"c{i}.exp", test["output"], uid, mode)
-    files = {"input.txt": root / f"t{i}.in", "expected.txt": root / f"c{i}.exp", "actual.txt": out}
+    if mode != "rlimits":
+        os.chown(out, uid, uid)                        # the program's output, root's while it ran
+    files = {"input.txt": root / f"c{i}.in", "expected.txt": root / f"c{i}.exp", "actual.txt": out}
     if checker.get("language", "python").startswith("python"):
         argv, files["checker.py"] = ["python3", "-I", "checker.py"], root / ".job" / "checker.py"
     else:
@@ -358,7 +327,7 @@ def _check(checker: dict, test: dict, out: Path, root: Path, i: int, uid: int, m
             raise ValueError("the special checker does not compile")
         argv, files["checker"] = ["./checker"], binary
     r = run_sandboxed(argv + ["input.txt", "expected.txt", "actual.txt"], root, f"c{i}", uid=uid,
-                      time_limit_s=10.0, memory_mb=1024, mode=mode, files=files, cgroups=cgroups)
-    for p in (r["out"], r["err"], root / f"c{i}.exp"):
+                      time_limit_s=10.0, memory_mb=1024, mode=mode, files=files, cgroups=cgroups, forks=True)
+    for p in (r["out"], r["err"], root / f"c{i}.in", root / f"c{i}.exp"):
         p.unlink(missing_ok=True)
     return r["returncode"] == 0

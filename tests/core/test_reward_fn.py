@@ -4,6 +4,7 @@ import json
 import pytest
 
 import train
+from conftest import ROOT
 from minirl.config import ConfigError
 from minirl.rewards import load_reward_fn
 
@@ -34,3 +35,18 @@ def test_train_uses_the_custom_reward_for_every_row(tmp_path, tiny_path):
     seen = load_reward_fn(f"{f}:score").__globals__["seen"]
     assert [s[2] for s in seen] == ["test"] * 4 + ["train"] * 8 + ["test"] * 4  # before, the step, after
     assert all(s[0] == "toy_arithmetic" for s in seen)
+
+
+def test_eval_py_scores_with_the_custom_reward_even_on_a_data_source_minirl_does_not_know(tmp_path, tiny_path):
+    import eval as eval_script
+    f = tmp_path / "half.py"
+    f.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                 "    return 0.5 if data_source == 'my_task' else 0.0\n")
+    rows = [json.loads(line) for line in (ROOT / "data" / "arith_test.jsonl").open()][:3]
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps({**r, "data_source": "my_task"}) + "\n" for r in rows))
+    summary = eval_script.main(["--model", str(tiny_path), "--data", str(data), "--max_new_tokens", "4",
+                                "--reward_fn", str(f), "--output", str(tmp_path / "eval")])
+    assert summary["my_task"]["mean@1"] == 0.5 and summary["my_task"]["problems"] == 3
+    records = [json.loads(line) for line in (tmp_path / "eval" / "samples.jsonl").open()]
+    assert all(r["answer"] is None and r["reward"] == 0.5 for r in records)  # no built-in verifier to extract

@@ -84,3 +84,11 @@ def test_optim_step_skips_non_finite_gradients(random_model):
         p.grad = torch.full_like(p, float("nan"))
     optim_step(random_model, opt, None, 1.0)
     assert all(torch.equal(a, b) for a, b in zip(before, random_model.parameters()))
+
+
+def test_mini_batches_are_contiguous_slices_of_whole_groups():
+    from minirl.update import mini_batches
+    batch = {"input_ids": torch.arange(12)[:, None], "response_mask": torch.ones(12, 3)}
+    parts = mini_batches(batch, 3, group_size=2)
+    assert [p["input_ids"].flatten().tolist() for p in parts] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert [len(p["input_ids"]) for p in mini_batches(batch, 12, group_size=3)] == [3, 3, 3, 3]  # one group each

@@ -179,7 +179,7 @@ needs_namespaces = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox's n
 def test_fork_bomb_is_contained_and_leaves_nothing(judge):
     assert judge.isolation == "namespaces"
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
-    res = judge.run(bomb, "python", AB[:1], time_limit_s=1.0)
+    res = judge.run(bomb, "python", AB[:1], time_limit_s=1.0, processes=True)
     assert res.verdict in ("TLE", "RE")
     assert sandbox_processes(judge) == []
     assert judge.run(AB_PY, "python", AB).verdict == "AC"  # and the judge keeps serving
@@ -192,7 +192,7 @@ def test_orphaned_and_setsid_children_die_with_the_test(judge):
            f"subprocess.Popen(['sh', '-c', 'exec -a {marker} sleep 60'], start_new_session=True)\n"
            "if os.fork() == 0:\n    os.setsid()\n    import time; time.sleep(60)\n"
            "print(3)\n")
-    res = judge.run(src, "python", AB[:1], time_limit_s=1.0)
+    res = judge.run(src, "python", AB[:1], time_limit_s=1.0, processes=True)
     assert res.verdict == "AC"
     assert sandbox_processes(judge) == []
     assert marker not in subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout

@@ -7,7 +7,6 @@ cgroups (`cgroups=False` is what a host without writable cgroups gets), so both 
 import fcntl
 import json
 import os
-import platform
 import subprocess
 import sys
 import textwrap
@@ -18,23 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from attack_helpers import AB, judge, root_only, run, x86_64  # noqa: F401 (judge: a fixture)
 from conftest import ROOT, SHARED
 from minirl.judge import Judge, outputs_match
 from minirl.judge.host import cache_dir, lease_folder, lease_uids, remove_tree
 
-AB = [{"input": "1 2\n", "output": "3"}]
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox's namespaces need root")
-x86_64 = pytest.mark.skipif(platform.machine() != "x86_64", reason="raw syscall numbers are x86_64's")
-
-
-@pytest.fixture(scope="module", params=[True, False], ids=["cgroups", "no-cgroups"])
-def judge(request):
-    with Judge(workers=2, cgroups=request.param) as j:
-        yield j
-
-
-def run(judge, src, language="python", tests=AB, **kw):
-    return judge.run(textwrap.dedent(src), language, tests, **kw)
 
 
 # --- reward integrity: a non-solution must not get AC -----------------------------------------------------------
@@ -91,9 +78,10 @@ def test_cached_binaries_and_other_run_folders_are_out_of_reach(judge):
     src = f"""
     import glob, os, subprocess, sys
     stdin = sys.stdin.read()
-    mine = os.path.dirname(os.readlink('/proc/self/fd/0'))
-    found = glob.glob({str(cache_dir())!r} + '/**', recursive=True) + glob.glob(os.path.dirname(mine) + '/**',
-                                                                                recursive=True)
+    mine = os.path.dirname(os.readlink('/proc/self/fd/0'))       # a run folder, if stdin were a file in one
+    found = glob.glob({str(cache_dir())!r} + '/**', recursive=True)
+    if mine.startswith({str(cache_dir())!r}):
+        found += glob.glob(os.path.dirname(mine) + '/**', recursive=True)
     for p in sorted(found, key=lambda p: -os.path.getmtime(p) if os.path.exists(p) else 0)[:50]:
         if os.path.isfile(p) and os.access(p, os.X_OK):
             try:
@@ -125,7 +113,7 @@ def test_cpu_time_of_unreaped_children_is_counted(judge):
     print(3, flush=True)
     os._exit(0)
     """
-    res = run(judge, src, time_limit_s=1.0)
+    res = run(judge, src, time_limit_s=1.0, processes=True)   # a problem that allows processes
     assert res.verdict == "TLE", (res.verdict, res.tests)
 
 
@@ -224,7 +212,7 @@ def test_no_state_survives_between_tests_of_one_program(judge):
     """
     tests = [{"input": f"{i}\n", "output": str(i)} for i in range(4)]
     with Judge(workers=1, cgroups=judge.cgroups is not None) as j:
-        res = run(j, src, tests=tests, time_limit_s=5)
+        res = run(j, src, tests=tests, time_limit_s=5, processes=True)
     assert (res.verdict, res.passed) == ("WA", 1), res.message
 
 
@@ -327,10 +315,10 @@ def test_a_program_sandbox_without_its_cgroup_still_judges(judge, monkeypatch):
 def test_a_judge_keeps_one_sandbox_per_worker_and_leaves_none(judge):
     """Each worker's sandbox serves every program it runs, batch after batch (no new one per program, none
     leaked), and closing the Judge ends them all."""
-    from minirl.judge.sandbox import _sandbox_helper_in
-    helper = _sandbox_helper_in(cache_dir())
+    from minirl.judge.sandbox import sandbox_helper
+    helper = sandbox_helper(cache_dir())
 
-    def sandboxes():  # each is two processes: the launcher and its init
+    def sandboxes():  # their launchers (an init blanks its command line, which named host paths)
         def cmdline(pid):
             try:
                 return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
@@ -342,7 +330,7 @@ def test_a_judge_keeps_one_sandbox_per_worker_and_leaves_none(judge):
     with Judge(workers=2, cgroups=judge.cgroups is not None) as j:
         for _ in range(2):
             assert [r.verdict for r in j.run_many(jobs)] == ["AC"] * 3
-            assert len(set(sandboxes()) - set(before)) == 2 * 2
+            assert len(set(sandboxes()) - set(before)) == 2
     assert set(sandboxes()) - set(before) == set()
 
 
@@ -511,7 +499,7 @@ def test_uid_mode_without_namespaces_still_judges_and_leaves_no_process():
     uid = lease.uids[0]
     orphan = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint(3)\n"
     try:
-        verdicts = [judge_job(src, "python", AB, time_limit_s=1.0, mode="uid", uid=uid).verdict
+        verdicts = [judge_job(src, "python", AB, time_limit_s=1.0, mode="uid", uid=uid, processes=True).verdict
                     for src in ("print(sum(map(int, input().split())))", "while True:\n    pass\n", orphan)]
         alive = subprocess.run(["ps", "-o", "pid=", "-u", str(uid)], capture_output=True, text=True).stdout.split()
     finally:
@@ -601,7 +589,7 @@ def test_a_killed_judge_leaves_no_program_running():
     assert _processes_of(uid) == []
     leftovers = lambda: [p.name for p in cache_dir().glob(f"sandbox-{uid}-*")]  # noqa: E731
     assert leftovers()  # what the dead judge left: its staging folder
-    from minirl.judge.sandbox import WorkerSandbox
+    from minirl.judge.worker_sandbox import WorkerSandbox
     WorkerSandbox(uid, None).close()
     assert leftovers() == []
 

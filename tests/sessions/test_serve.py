@@ -1,4 +1,6 @@
-"""The OpenAI-compatible endpoint (minirl/sessions/serve.py), asked by the official `openai` client over 127.0.0.1."""
+"""The OpenAI-compatible endpoint (minirl/sessions/serve/), asked by the official `openai` client over 127.0.0.1:
+chat and completions, log-probs against the trainer's log-prob path, seeds, stop strings, the usage chunk and
+the refusal of every field the server does not honour. Batching and disconnects: test_serve_batching.py."""
 import json
 import os
 import subprocess
@@ -11,6 +13,7 @@ import torch
 
 from conftest import ROOT
 from minirl.sessions.serve import serve
+from minirl.logprobs import token_logprobs
 from minirl.sessions import SamplingParams, ServiceClient
 
 openai = pytest.importorskip("openai")
@@ -56,26 +59,48 @@ def test_chat_completions_plain_and_streaming_agree_with_the_sampler(live):
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
     assert len([c for c in chunks if c.choices[0].delta.content]) > 1          # token by token, not one chunk
     assert chunks[-1].choices[0].finish_reason == plain.choices[0].finish_reason
-    # stop strings cut the text before the first match, with finish_reason "stop"
-    stop = expected[-1]
-    cut = client.chat.completions.create(model="tiny", messages=ASK, temperature=0, max_tokens=8, stop=[stop])
-    assert cut.choices[0].message.content == expected[:expected.index(stop)]
-    assert cut.choices[0].finish_reason == "stop"
 
 
 BAD = [({"temperature": -1}, "temperature"), ({"n": 0}, "n"), ({"max_tokens": 10**6}, "max_tokens"),
        ({"top_p": "high"}, "top_p"), ({"stop": [""]}, "stop"), ({"messages": []}, "messages"),
-       ({"messages": [{"role": "user"}]}, "messages")]
+       ({"messages": [{"role": "user"}]}, "messages"), ({"top_logprobs": 50, "logprobs": True}, "top_logprobs"),
+       ({"top_logprobs": 2}, "top_logprobs"), ({"seed": "x"}, "seed"), ({"top_k": 1.5}, "top_k"),
+       ({"do_sample": "yes"}, "do_sample"), ({"stream_options": {"include_usage": True}}, "stream_options"),
+       ({"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages"),
+       ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        "messages")]
+# fields the server does not honour: refused (at any value that would change the reply), never ignored
+UNSUPPORTED = [("presence_penalty", 0.5), ("frequency_penalty", 1.0), ("repetition_penalty", 1.2),
+               ("logit_bias", {"5": 10}), ("tools", [{"type": "function", "function": {"name": "f"}}]),
+               ("tool_choice", "auto"), ("response_format", {"type": "json_object"}), ("min_p", 0.1),
+               ("logprobs", 3), ("functions", [{"name": "f"}]), ("ignore_eos", True)]
+UNSUPPORTED_COMPLETIONS = [("best_of", 2), ("suffix", "!"), ("echo", "yes"), ("logprobs", True),
+                           ("messages", ASK), ("min_tokens", 3), ("prompt", [[10**6]]), ("prompt", [])]
 
 
 def test_bad_requests_get_a_400_naming_the_field_and_the_server_keeps_serving(live):
     _, client, _, _ = live
     for bad, param in BAD:
         with pytest.raises(openai.BadRequestError) as e:
-            client.chat.completions.create(**{"model": "tiny", "messages": ASK, "max_tokens": 2, **bad})
+            client.chat.completions.create(model="tiny", messages=ASK, max_tokens=2, extra_body=bad)
         assert e.value.status_code == 400 and e.value.body["param"] == param, bad
         assert param in e.value.body["message"], bad
     assert client.chat.completions.create(model="tiny", messages=ASK, max_tokens=2).choices  # still serving
+
+
+def test_every_unsupported_field_gets_a_400_naming_it_and_no_op_values_are_accepted(live):
+    _, client, _, _ = live
+    cases = [(client.chat.completions.create, {"messages": ASK}, f, v) for f, v in UNSUPPORTED] + \
+            [(client.completions.create, {"prompt": [[5, 6]]}, f, v) for f, v in UNSUPPORTED_COMPLETIONS]
+    for create, base, field, value in cases:
+        args = {"model": "tiny", "max_tokens": 2, **base}
+        with pytest.raises(openai.BadRequestError) as e:
+            create(**args, extra_body={field: value})
+        assert e.value.body["param"] == field and field in e.value.body["message"], (field, value)
+    ok = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=2, presence_penalty=0,
+                                        frequency_penalty=0, logit_bias={}, user="u",
+                                        extra_body={"repetition_penalty": 1.0, "top_k": -1})
+    assert ok.choices[0].finish_reason in ("stop", "length")
 
 
 def test_malformed_json_and_unknown_model_are_json_errors(live):
@@ -112,7 +137,8 @@ def test_hostile_bodies_get_a_4xx_not_a_dropped_connection(live):
 
 def test_command_line_server_answers(tiny_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "minirl.sessions.serve", "--model", str(tiny_path), "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "minirl.sessions.serve", "--model", str(tiny_path),
+                             "--port", "0"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()  # "serving DIR on http://127.0.0.1:PORT/v1" once the model is loaded
@@ -123,3 +149,90 @@ def test_command_line_server_answers(tiny_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _prompt(tok) -> list[int]:
+    return tok.apply_chat_template(ASK, tokenize=True, add_generation_prompt=True, return_dict=False)
+
+
+def test_completions_take_token_id_prompts_in_a_batch_and_answer_as_the_chat_endpoint(live):
+    _, client, _, tok = live
+    ids = _prompt(tok)
+    chat = client.chat.completions.create(model="tiny", messages=ASK, temperature=0, max_tokens=8)
+    out = client.completions.create(model="tiny", prompt=[ids, ids[:-3]], n=2, temperature=0, max_tokens=8)
+    assert [c.index for c in out.choices] == [0, 1, 2, 3]               # prompt-major: prompt i's n samples
+    assert out.choices[0].text == out.choices[1].text == chat.choices[0].message.content
+    assert out.usage.prompt_tokens == 2 * len(ids) - 3
+    text = client.completions.create(model="tiny", prompt=tok.decode(ids), temperature=0, max_tokens=8)
+    assert text.choices[0].text == chat.choices[0].message.content     # a string prompt, tokenized here
+
+
+def test_echo_logprobs_are_the_training_log_prob_path_and_top_logprobs_hold_the_greedy_token(live):
+    _, client, sc, tok = live
+    ids = _prompt(tok)
+    out = client.completions.create(model="tiny", prompt=[ids], max_tokens=4, echo=True, logprobs=3,
+                                    temperature=0).choices[0]
+    lp = out.logprobs
+    generated = tok(lp.tokens[len(ids):], add_special_tokens=False).input_ids  # one token per piece
+    seq = ids + [t for piece in generated for t in piece]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and len(lp.token_logprobs) == len(seq)
+    assert out.text.startswith(tok.decode(ids))
+    x = torch.tensor([seq])
+    ref, _ = token_logprobs(sc.model, x, torch.ones_like(x), len(seq) - 1)             # the trainer's pass
+    assert torch.allclose(torch.tensor(lp.token_logprobs[1:]), ref[0], atol=1e-5)
+    for i in range(len(ids), len(seq)):  # greedy tokens: the most likely of their position, to the same number
+        assert len(lp.top_logprobs[i]) <= 4 and max(lp.top_logprobs[i].values()) == lp.token_logprobs[i]
+    # max_tokens 0 scores the prompt alone (lm-eval's loglikelihood); chat log-probs are the same numbers
+    score = client.completions.create(model="tiny", prompt=[ids], max_tokens=0, echo=True, logprobs=0)
+    scored = score.choices[0].logprobs.token_logprobs
+    assert scored[0] is None and scored[1:] == pytest.approx(lp.token_logprobs[1:len(ids)], abs=1e-5)
+    assert score.usage.completion_tokens == 0
+    chat = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=4, temperature=0, logprobs=True,
+                                          top_logprobs=2).choices[0].logprobs.content
+    assert [e.logprob for e in chat] == pytest.approx(lp.token_logprobs[len(ids):], abs=1e-5)
+    assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob == e.logprob for e in chat)
+
+
+def test_a_seed_makes_sampling_reproducible_per_request(live):
+    _, client, _, _ = live
+    ask = lambda seed: [c.message.content for c in client.chat.completions.create(  # noqa: E731
+        model="tiny", messages=ASK, n=6, temperature=1.0, max_tokens=6, seed=seed).choices]
+    first = ask(7)
+    client.chat.completions.create(model="tiny", messages=ASK, n=3, temperature=1.0, max_tokens=6)  # unseeded
+    assert ask(7) == first
+    assert any(ask(seed) != first for seed in (8, 9, 10))
+
+
+def test_stop_strings_end_generation_at_the_token_that_completes_one(live):
+    _, client, sc, _ = live
+    calls = []
+    hook = sc.model.get_decoder().register_forward_hook(lambda *a: calls.append(1))
+    try:
+        full = client.chat.completions.create(model="tiny", messages=ASK, temperature=0, max_tokens=8)
+        steps_full, calls[:] = len(calls), []
+        text = full.choices[0].message.content              # "#### 7": a stop at " " ends it after "####"
+        cut = client.chat.completions.create(model="tiny", messages=ASK, temperature=0, max_tokens=8, stop=[" "])
+    finally:
+        hook.remove()
+    assert cut.choices[0].message.content == text[:text.index(" ")] and cut.choices[0].finish_reason == "stop"
+    assert len(calls) == cut.usage.completion_tokens == 2 < steps_full == full.usage.completion_tokens
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_streams_end_with_a_usage_chunk_when_include_usage_is_asked(live, endpoint):
+    _, client, _, tok = live
+    args = {"model": "tiny", "temperature": 0, "max_tokens": 6}
+    create = (lambda **kw: client.chat.completions.create(messages=ASK, **args, **kw)) if endpoint == "chat" \
+        else (lambda **kw: client.completions.create(prompt=[_prompt(tok)], **args, **kw))
+    plain = create()
+    chunks = list(create(stream=True, stream_options={"include_usage": True}, logprobs=True if endpoint == "chat"
+                         else 1))
+    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == plain.usage.model_dump()
+    assert all(c.usage is None for c in chunks[:-1])
+    pieces = [c.choices[0].delta.content if endpoint == "chat" else c.choices[0].text for c in chunks[:-1]]
+    expected = plain.choices[0].message.content if endpoint == "chat" else plain.choices[0].text
+    assert "".join(p or "" for p in pieces) == expected
+    lps = [c.choices[0].logprobs for c in chunks[:-1] if c.choices[0].logprobs]
+    n = sum(len(x.content) if endpoint == "chat" else len(x.token_logprobs) for x in lps)
+    assert n == plain.usage.completion_tokens                            # every token's log-prob, once
+    assert all(c.usage is None for c in create(stream=True))            # no usage chunk unless asked

@@ -1,0 +1,301 @@
+"""minirl's judge behind SandboxFusion's HTTP API: POST /run_code, POST /submit (CommonOJ), GET /v1/ping.
+
+    python -m minirl.judge.server [--host 127.0.0.1] [--port 8080] [--workers N] [--memory-limit-mb 1024]
+
+    from sandbox_fusion import RunCodeRequest, run_code, set_endpoint      # the official client (PyPI)
+    set_endpoint("http://127.0.0.1:8080")
+    run_code(RunCodeRequest(code="print(input())", language="python", stdin="7\\n")).run_result.stdout  # "7\\n"
+
+    # veRL's code reward posts the same JSON to the same URL:
+    check_correctness("http://127.0.0.1:8080/run_code", {"inputs": [...], "outputs": [...]}, code, language="cpp")
+
+The schema is SandboxFusion's own (bytedance/SandboxFusion): `RunCodeRequest` / `RunCodeResponse` in
+sandbox/server/sandbox_api.py, `CommandRunResult` (status Finished | Error | TimeLimitExceeded) in
+sandbox/runners/types.py, `SubmitRequest` / `EvalResult` in sandbox/datasets/types.py, the CommonOJ test format
+(`{"input": {"stdin"}, "output": {"stdout"}}`) in sandbox/datasets/common_oj.py. minirl's verdicts are reported
+the way a SandboxFusion runner reports the same run (sandbox/runners/base.py, `parse_run_status`):
+    AC, WA      status Success, run_result Finished, return_code 0, stdout (the caller compares it)
+    CE (C++)    status Failed, compile_result Finished with return_code 1 and the compiler's stderr
+    CE (Python) status Failed, run_result Finished with return_code 1 (SandboxFusion runs python3 directly)
+    TLE         status Failed, run_result TimeLimitExceeded, return_code null
+    RE, MLE, OLE  status Failed, run_result Finished with the program's non-zero return code
+    judge fault status SandboxError, message (the official client retries it; veRL scores it -1)
+`memory_limit_MB` is optional: the official client's request model drops it, veRL's raw JSON
+(verl/utils/reward_score/sandbox_fusion/utils.py, `call_sandbox_api`) sends it; missing or -1 means the
+server's --memory-limit-mb. `compile_timeout` is ignored: the judge's compiler has limits of its own.
+
+POST /submit judges a whole program on all its tests in one `Judge.run_many` job (the pool shares the tests
+of one program between idle workers): `config.provided_data.test` holds the tests, `config.run_timeout` the
+time limit, and `config.extra.minirl` minirl's own settings (`memory_limit_mb`, `float_tolerance`); the reply is
+an `EvalResult` with minirl's whole verdict in `extra.minirl` (what minirl/judge/remote.py reads).
+
+Left out, with a 400 that says so: languages other than cpp and python, `files`, `fetch_files`, /run_jupyter,
+the dataset endpoints. Nothing here authenticates: the server binds 127.0.0.1 unless told otherwise; put it
+on a private network only. Why the standard library and not FastAPI: three JSON endpoints; the work is in
+the judge's sandboxed processes, so an async server would buy nothing and add dependencies.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from minirl.judge import Judge, JudgeResult
+
+MAX_BODY_BYTES = 256 << 20         # a program and its tests (CodeContests problems carry MBs of tests)
+LANGUAGES = ("cpp", "python")      # SandboxFusion's names for the two languages minirl judges
+SERVER_NAME = "minirl-judge"       # the Server header: how minirl/judge/remote.py tells this server from SandboxFusion
+DEFAULT_RUN_TIMEOUT_S = 10.0       # RunCodeRequest's default run_timeout
+
+
+class RequestError(ValueError):
+    """A request this server cannot serve: answered 400 with FastAPI's {"detail": ...} body."""
+
+
+def _field(body: dict, name: str, kinds: type | tuple, default=None):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+        raise RequestError(f"'{name}' has the wrong type: {value!r}")
+    if not isinstance(value, kinds):
+        raise RequestError(f"'{name}' has the wrong type: {type(value).__name__}")
+    return value
+
+
+def _language(value) -> str:
+    if value not in LANGUAGES:
+        raise RequestError(f"language {value!r} is not supported by minirl's judge; use one of {list(LANGUAGES)}")
+    return value
+
+
+def _limits(run_timeout, memory_mb, default_memory_mb: int) -> tuple[float, int]:
+    time_limit_s = float(run_timeout if run_timeout is not None else DEFAULT_RUN_TIMEOUT_S)
+    if not 0 < time_limit_s <= 600:
+        raise RequestError(f"'run_timeout' must be in (0, 600] seconds, got {run_timeout!r}")
+    memory_mb = default_memory_mb if memory_mb is None or memory_mb == -1 else int(memory_mb)
+    if memory_mb <= 0:
+        raise RequestError(f"'memory_limit_MB' must be > 0 (or -1 for the server's default), got {memory_mb}")
+    return time_limit_s, memory_mb
+
+
+def parse_run_code(body: dict, default_memory_mb: int) -> dict:
+    """The `Judge.run_many` job of a RunCodeRequest: one test whose output the reply reports (keep_output)."""
+    code = _field(body, "code", str)
+    if code is None:
+        raise RequestError("'code' is required")
+    if _field(body, "files", dict, {}) or _field(body, "fetch_files", list, []):
+        raise RequestError("'files' and 'fetch_files' are not supported by minirl's judge; send them empty")
+    time_limit_s, memory_mb = _limits(_field(body, "run_timeout", (int, float)),
+                                      _field(body, "memory_limit_MB", int), default_memory_mb)
+    stdin = _field(body, "stdin", str, "")
+    return dict(source=code, language=_language(body.get("language")), time_limit_s=time_limit_s,
+                memory_limit_mb=memory_mb, tests=[{"input": stdin, "output": "", "keep_output": True}])
+
+
+def _fenced_code(completion: str, language: str) -> str:
+    """SandboxFusion's default extraction, in short: the first fenced block of the language, else the first
+    fenced block, else the completion as it is."""
+    blocks = re.findall(r"```([\w+#-]*)[^\n]*\n(.*?)```", completion, re.DOTALL)
+    for lang, code in blocks:
+        if lang.lower() in ({"cpp", "c++"} if language == "cpp" else {"python", "python3", "py"}):
+            return code
+    return blocks[0][1] if blocks else completion
+
+
+def parse_submit(body: dict, default_memory_mb: int) -> tuple[dict, str]:
+    """The job of a CommonOJ SubmitRequest (config.provided_data.test), and the code it judges."""
+    config = _field(body, "config", dict, {})
+    data = _field(config, "provided_data", dict, {})
+    cases = _field(data, "test", list)
+    if not cases:
+        raise RequestError("'config.provided_data.test' must be a non-empty list of CommonOJ tests "
+                           "[{'input': {'stdin': ...}, 'output': {'stdout': ...}}]")
+    tests = []
+    for i, case in enumerate(cases):
+        stdin = case.get("input", {}).get("stdin") if isinstance(case, dict) else None
+        stdout = case.get("output", {}).get("stdout") if isinstance(case, dict) else None
+        if not isinstance(stdin, str) or not isinstance(stdout, str):
+            raise RequestError(f"'config.provided_data.test[{i}]' must be {{'input': {{'stdin': str}}, "
+                               "'output': {'stdout': str}}; files other than stdin/stdout are not supported")
+        tests.append({"input": stdin, "output": stdout})
+    ours = _field(_field(config, "extra", dict, {}), "minirl", dict, {})
+    language = _language(config.get("language"))
+    completion = _field(body, "completion", str, "")
+    code = completion if ours else _fenced_code(completion, language)  # minirl sends the program itself
+    time_limit_s, memory_mb = _limits(_field(config, "run_timeout", (int, float)),
+                                      _field(ours, "memory_limit_mb", int), default_memory_mb)
+    tolerance = _field(ours, "float_tolerance", (int, float))
+    return dict(source=code, language=language, tests=tests, time_limit_s=time_limit_s, memory_limit_mb=memory_mb,
+                float_tolerance=tolerance), code
+
+
+# --- minirl's verdicts in SandboxFusion's words ----------------------------------------------------------
+
+def _command(status: str, time_s: float | None = None, rc: int | None = None, stdout: str = "",
+             stderr: str = "") -> dict:
+    return {"status": status, "execution_time": time_s, "return_code": rc, "stdout": stdout, "stderr": stderr}
+
+
+def exec_info(verdict: str, test: dict, language: str, compile_s: float = 0.0, message: str = "") -> dict:
+    """A RunCodeResponse for one run: `verdict` minirl's, `test` the run's entry of JudgeResult.tests."""
+    compiled = _command("Finished", compile_s, 0) if language == "cpp" else None
+    if verdict == "CE":
+        if language == "cpp":
+            return _response("Failed", _command("Finished", compile_s, 1, stderr=message), None)
+        return _response("Failed", None, _command("Finished", 0.0, 1, stderr=message))
+    time_s, stdout = test.get("wall_s"), test.get("stdout", "")
+    stderr = test.get("stderr", message)
+    if verdict == "TLE":
+        return _response("Failed", compiled, _command("TimeLimitExceeded", time_s, None, stdout, stderr))
+    if verdict in ("AC", "WA"):
+        return _response("Success", compiled, _command("Finished", time_s, 0, stdout, stderr))
+    rc = test.get("returncode") or 1  # RE, MLE, OLE: a non-zero return code, the program's own where known
+    return _response("Failed", compiled, _command("Finished", time_s, rc, stdout, stderr))
+
+
+def _response(status: str, compile_result: dict | None, run_result: dict | None, message: str = "") -> dict:
+    return {"status": status, "message": message, "compile_result": compile_result, "run_result": run_result,
+            "executor_pod_name": None, "files": {}}
+
+
+def is_judge_fault(res: JudgeResult) -> bool:
+    """A failure of the judge itself (pool.py returns it as RE with this message), not of the program."""
+    return res.verdict == "RE" and res.message.startswith("judge error")
+
+
+def run_code_response(res: JudgeResult, language: str) -> dict:
+    if is_judge_fault(res):
+        return _response("SandboxError", None, None, res.message)
+    return exec_info(res.verdict, res.tests[0] if res.tests else {}, language, res.compile_s, res.message)
+
+
+def submit_response(res: JudgeResult, job: dict, code: str, sample_id) -> dict:
+    """An EvalResult: one EvalTestCase per test the judge ran (all of a CE program's tests fail at once)."""
+    cases = []
+    runs = res.tests or [{"verdict": res.verdict}]
+    for i, (run, test) in enumerate(zip(runs, job["tests"])):
+        message = res.message if run["verdict"] == res.verdict else ""
+        info = (_response("SandboxError", None, None, res.message) if is_judge_fault(res) else
+                exec_info(run["verdict"], run, job["language"], res.compile_s, message))
+        cases.append({"passed": run["verdict"] == "AC", "exec_info": info,
+                      "test_info": {"input": {"stdin": test["input"][:1000]},
+                                    "output": {"stdout": test["output"][:1000]}}})
+    return {"id": sample_id, "accepted": res.verdict == "AC", "extracted_code": code, "full_code": None,
+            "test_code": None, "tests": cases, "extracted_type": None, "extra": {"minirl": res.to_dict()}}
+
+
+# --- the server ------------------------------------------------------------------------------------------
+
+class JudgeServer:
+    """A ThreadingHTTPServer answering SandboxFusion's API from one `Judge` (one thread per request; the
+    judge's pool runs concurrent requests' programs side by side)."""
+
+    def __init__(self, judge: Judge, host: str = "127.0.0.1", port: int = 8080, memory_limit_mb: int = 1024):
+        self.judge, self.memory_limit_mb = judge, memory_limit_mb
+        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
+        self.httpd.daemon_threads = True
+        self.host, self.port = self.httpd.server_address[:2]
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="minirl-judge-server")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> "JudgeServer":
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def handle(self, path: str, body: dict) -> dict:
+        """The reply to POST `path`; RequestError for a request to refuse."""
+        if path == "/run_code":
+            job = parse_run_code(body, self.memory_limit_mb)
+            return run_code_response(self._judge(job), job["language"])
+        job, code = parse_submit(body, self.memory_limit_mb)
+        return submit_response(self._judge(job), job, code, body.get("id"))
+
+    def _judge(self, job: dict) -> JudgeResult:
+        try:
+            return self.judge.run_many([job])[0]
+        except Exception as e:  # noqa: BLE001 -- the judge's fault: SandboxError, and keep serving
+            return JudgeResult("RE", 0, len(job["tests"]), message=f"judge error: {type(e).__name__}: {e}")
+
+
+def _handler(server: JudgeServer):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: a client judging many tests reuses its connection
+        timeout = 60  # seconds a connection may stall (a body never sent) before its thread is freed
+
+        def version_string(self) -> str:
+            return SERVER_NAME
+
+        def log_message(self, *args):  # quiet: a line per program is noise in a training log
+            pass
+
+        def send_json(self, status: int, obj) -> None:
+            data = json.dumps(obj).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path.rstrip("/") == "/v1/ping":
+                return self.send_json(200, "pong")
+            self.send_json(404, {"detail": f"no route GET {self.path}; try /v1/ping, POST /run_code or /submit"})
+
+        def do_POST(self):
+            path = self.path.rstrip("/")
+            length = self.headers.get("Content-Length") or "0"
+            if not length.isdigit() or int(length) > MAX_BODY_BYTES:
+                self.close_connection = True
+                return self.send_json(413, {"detail": f"Content-Length must be a byte count <= {MAX_BODY_BYTES}"})
+            raw = self.rfile.read(int(length))
+            if path not in ("/run_code", "/submit"):
+                return self.send_json(404, {"detail": f"no route POST {self.path}; try /run_code or /submit"})
+            try:
+                body = json.loads(raw or b"null")
+                if not isinstance(body, dict):
+                    raise RequestError("the body must be a JSON object")
+                reply = server.handle(path, body)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                return self.send_json(400, {"detail": f"the body is not valid JSON ({e})"})
+            except RequestError as e:
+                return self.send_json(400, {"detail": str(e)})
+            self.send_json(200, reply)
+
+    return Handler
+
+
+def serve(judge: Judge, host: str = "127.0.0.1", port: int = 8080, memory_limit_mb: int = 1024) -> JudgeServer:
+    """Start serving in a background thread (port 0: any free port; see .url). Call .close() to stop."""
+    return JudgeServer(judge, host, port, memory_limit_mb).start()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="minirl's sandboxed judge behind SandboxFusion's HTTP API.")
+    ap.add_argument("--host", default="127.0.0.1", help="nothing authenticates: bind a private address only")
+    ap.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
+    ap.add_argument("--workers", type=int, default=0, help="parallel sandboxed programs (0 = all cores)")
+    ap.add_argument("--memory-limit-mb", type=int, default=1024, help="when a request gives none")
+    args = ap.parse_args(argv)
+    with Judge(workers=args.workers or None) as judge:
+        server = JudgeServer(judge, args.host, args.port, args.memory_limit_mb)
+        print(f"minirl judge ({judge.workers} workers) serving SandboxFusion's API on {server.url}", flush=True)
+        try:
+            server.httpd.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.httpd.server_close()
+
+
+if __name__ == "__main__":
+    main()
