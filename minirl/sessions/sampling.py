@@ -50,8 +50,11 @@ class SamplingClient:
         stop = self._stop_strings(params.stop)
         if self._owner is not None and params.temperature > 0:
             self._owner.sampled_temperatures.add(float(params.temperature))
+        # calls that agree run as one generate; a seeded call runs alone, so that its samples depend on its seed
+        # only, not on which calls arrived with it (over HTTP that is a race)
+        alone = object() if params.seed is not None else None
         key = (id(self), num_samples, params.max_tokens, params.temperature, params.top_p, params.top_k,
-               params.seed, tuple(stop), include_prompt_logprobs)
+               params.seed, tuple(stop), include_prompt_logprobs, alone)
         run = lambda prompts: self._sample_batch(prompts, num_samples, params, stop, include_prompt_logprobs)  # noqa: E731
         return self._worker.submit_sample(key, tokens_of(prompt), run)
 
