@@ -69,9 +69,10 @@ def main(argv: list[str] | None = None, make_env=None) -> dict:
     args = parse_args(argv)
     B, G, T, k = args.prompts_per_step, args.group_size, args.temperature, args.max_steps_off_policy
     svc = ServiceClient()
-    tc = svc.create_lora_training_client(args.model, rank=args.lora_rank, alpha=args.lora_alpha, seed=args.seed) \
-        if args.lora_rank else svc.create_training_client(args.model, seed=args.seed)
-    tok, sc = tc.get_tokenizer(), tc.create_sampling_client()  # sc samples the live weights, in the session's order
+    tc = (svc.create_lora_training_client(args.model, rank=args.lora_rank, alpha=args.lora_alpha, seed=args.seed)
+          if args.lora_rank else svc.create_training_client(args.model, seed=args.seed)).result()
+    # model_path None: the live weights, in the session's call order (minirl), which the rollout workers need
+    tok, sc = tc.get_tokenizer(), tc.create_sampling_client().result()
     rows = load_rows(args.train_files or str(ROOT / "data" / "arith_train.jsonl"), split="train")
     judge = Judge(workers=args.judge_workers or None) if args.env == "code" and make_env is None else None
     make_env = make_env or ((lambda: CodeEnv(judge, tok, args.max_turns)) if judge else MathEnv)
@@ -84,7 +85,9 @@ def main(argv: list[str] | None = None, make_env=None) -> dict:
     position = iter(range(10**12))
     next_problem = lambda: rows[prompt_indices(next(position), 1, len(rows), args.seed)[0]]  # noqa: E731
     pool = RolloutPool(run_group, next_problem, B, k, args.num_rollout_workers, args.seed)
-    loss_config = {"temperature": T, "num_tokens": float(B * G * args.max_tokens)}
+    # Tinker's losses sum over tokens: advantages divided by a constant token budget give a step size that
+    # does not grow with the batch (Dr. GRPO's constant normaliser)
+    norm = float(B * G * args.max_tokens)
     adam = AdamParams(learning_rate=args.lr, beta1=0.9, beta2=0.99, eps=1e-8, grad_clip_norm=1.0)
     history = []
     try:
@@ -94,14 +97,14 @@ def main(argv: list[str] | None = None, make_env=None) -> dict:
             for group in pool.fresh_groups(step, args.stale_policy):  # streaming: train each group on arrival
                 r = [ep.reward for ep in group.episodes]
                 mean = sum(r) / len(r)
-                datums = [episode_datum(ep, ri - mean) for ep, ri in zip(group.episodes, r)]
-                fbs.append(tc.forward_backward(datums, args.loss_fn, loss_config))
+                datums = [episode_datum(ep, (ri - mean) / norm) for ep, ri in zip(group.episodes, r)]
+                fbs.append(tc.forward_backward(datums, args.loss_fn))
                 rewards += r
                 turns += [ep.turns for ep in group.episodes]
             depth = pool.queue_depth
             op = tc.optim_step(adam)
             losses, opt = [f.result().loss for f in fbs], op.result()
-            pool.set_policy(opt["policy_version"])  # workers may now start groups up to this version + k
+            pool.set_policy(int(opt["policy_version"]))  # workers may now start groups up to this version + k
             stale = pool.stats["staleness"]
             history.append({"step": step + 1, "reward": sum(rewards) / len(rewards), "loss": sum(losses),
                             "grad_norm": opt["grad_norm"], "turns": sum(turns) / len(turns),

@@ -12,7 +12,7 @@ import torch
 from minirl.data import prompt_text
 from minirl.distributed import all_reduce_sum
 from minirl.rewards import gsm8k_reward
-from minirl.sessions import SamplingClient, SamplingParams
+from minirl.sessions import ModelInput, SamplingClient, SamplingParams
 
 
 def prompt_tokens(tokenizer, row: dict) -> list[int]:
@@ -27,7 +27,8 @@ def answer_of(row: dict) -> str:
 def accuracy(sc: SamplingClient, tokenizer, rows: list[dict], max_tokens: int, rank: int = 0, world: int = 1) -> float:
     """Greedy accuracy (gsm8k_reward) on held-out rows, each process scoring rows[rank::world]."""
     mine = rows[rank::world]
-    futures = [sc.sample(prompt_tokens(tokenizer, r), 1, SamplingParams(max_tokens=max_tokens, temperature=0))
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    futures = [sc.sample(ModelInput.from_ints(prompt_tokens(tokenizer, r)), 1, params)
                for r in mine]  # submitted together: one batched generate
     correct = sum(gsm8k_reward(tokenizer.decode(f.result().sequences[0].tokens, skip_special_tokens=True),
                                answer_of(r)) for f, r in zip(futures, mine))
@@ -49,11 +50,11 @@ def finish(tc, tokenizer, val_rows: list[dict], max_tokens: int, before: float |
            output_dir: str = "") -> float | None:
     """Held-out accuracy of the trained policy (printed beside `before`), the merged export if asked, and the
     session stopped. Returns the accuracy after training."""
-    sc = tc.save_weights_and_get_sampling_client()
+    sc = tc.save_weights_and_get_sampling_client().result()
     after = accuracy(sc, tokenizer, val_rows, max_tokens, rank, world) if val_rows else None
     if rank == 0:
         print(f"held-out accuracy: before {before}, after {after}")
     if output_dir:
-        tc.save_weights_for_sampler(output_dir, merge_weights=True).result()
+        tc.save_weights_for_sampler(str(Path(output_dir).resolve()), merge_weights=True).result()
     tc.stop()
     return after

@@ -6,11 +6,14 @@
         --max_tokens 512 --prompts_per_step 32
     accelerate launch recipes/grpo_gsm8k.py ...                   # every process runs this loop on its prompts
 
-Each step: G samples for each of B prompts (all submitted before waiting: one generate), gsm8k_reward, the
-reward centred within its group (no std division: Tinker's example and Dr. GRPO), forward_backward with the
-clipped "ppo" loss, optim_step, and a sampler on the new weights. Groups whose rewards are all equal have
-advantage 0 and stay in the batch (they count in the token mean, as in train.py). With matching settings this
-computes what `train.py --adv_estimator dr_grpo` computes (tests/test_session.py checks the first step).
+Each step, as tinker-cookbook's rl_loop: a sampler on a snapshot of the current weights, G samples for each
+of B prompts (all submitted before waiting: one generate), gsm8k_reward, the reward centred within its group
+(no std division: the cookbook's and Dr. GRPO's), one Datum per sample (model_input = prompt + sample[:-1],
+target 0 / advantage 0 under the prompt), forward_backward with the clipped "ppo" loss, optim_step. Tinker's
+losses sum over tokens; dividing the advantages by the step's sampled-token count gives train.py's token mean,
+so with matching settings this computes what `train.py --adv_estimator dr_grpo` computes
+(tests/sessions/test_session.py checks the first step). Groups whose rewards are all equal have advantage 0
+and stay in the batch (they count in the token count, as in train.py).
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import torch
 from common import accuracy, answer_of, prompt_tokens
 from minirl.data import load_rows, prompt_indices
 from minirl.rewards import gsm8k_reward
-from minirl.sessions import AdamParams, Datum, SamplingParams, ServiceClient
+from minirl.sessions import AdamParams, Datum, EncodedTextChunk, ModelInput, SamplingParams, ServiceClient, TensorData
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -46,38 +49,47 @@ def main(argv: list[str] | None = None) -> dict:
     B, G, T = args.prompts_per_step, args.group_size, args.temperature
     svc = ServiceClient()
     rank, world = svc.process_index, svc.num_processes
-    tc = svc.create_lora_training_client(args.model, rank=args.lora_rank, alpha=args.lora_alpha, seed=args.seed) \
-        if args.lora_rank else svc.create_training_client(args.model, seed=args.seed)
+    tc = (svc.create_lora_training_client(args.model, rank=args.lora_rank, alpha=args.lora_alpha, seed=args.seed)
+          if args.lora_rank else svc.create_training_client(args.model, seed=args.seed)).result()
     tok = tc.get_tokenizer()
     train_rows = load_rows(args.train_files, split="train")
     val_rows = load_rows(args.val_files, split="test", limit=args.val_max_samples) if args.val_files else []
     torch.manual_seed(args.seed * 1000 + rank)  # as train.py: every process samples differently
-    sc = tc.create_sampling_client()
-    before = accuracy(sc, tok, val_rows, args.max_tokens, rank, world) if val_rows else None
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=T)
+    sampling_client = tc.save_weights_and_get_sampling_client().result()
+    before = accuracy(sampling_client, tok, val_rows, args.max_tokens, rank, world) if val_rows else None
+    sampling_params = SamplingParams(max_tokens=args.max_tokens, temperature=T)
     # train.py's defaults: AdamW betas (0.9, 0.99), eps 1e-8, gradient norm clipped at 1
     adam = dict(beta1=0.9, beta2=0.99, eps=1e-8, grad_clip_norm=1.0)
     history = []
     for step in range(args.steps):
         rows = [train_rows[i] for i in prompt_indices(step * B * world + rank * B, B, len(train_rows), args.seed)]
-        prompts = [prompt_tokens(tok, r) for r in rows]
-        futures = [sc.sample(p, G, params) for p in prompts]
-        datums, rewards = [], []
-        for prompt, row, fut in zip(prompts, rows, futures):
-            group = fut.result().sequences
-            r = [gsm8k_reward(tok.decode(s.tokens, skip_special_tokens=True), answer_of(row)) for s in group]
-            mean = sum(r) / G
-            datums += [Datum(prompt, s.tokens, s.logprobs, advantages=ri - mean) for s, ri in zip(group, r)]
-            rewards += r
-        fb = tc.forward_backward(datums, loss_fn="ppo", loss_fn_config={"temperature": T})
+        prompts_P = [ModelInput.from_ints(prompt_tokens(tok, r)) for r in rows]
+        futures_P = [sampling_client.sample(prompt=p, num_samples=G, sampling_params=sampling_params)
+                     for p in prompts_P]
+        groups_P = [f.result().sequences for f in futures_P]
+        num_tokens = sum(len(s.tokens) for group in groups_P for s in group)  # the token mean's denominator
+        datums_D, rewards = [], []
+        for prompt, row, group in zip(prompts_P, rows, groups_P):
+            rewards_G = [gsm8k_reward(tok.decode(s.tokens, skip_special_tokens=True), answer_of(row)) for s in group]
+            mean = sum(rewards_G) / G
+            for s, r in zip(group, rewards_G):
+                ob_len = prompt.length - 1
+                model_input = prompt.append(EncodedTextChunk(tokens=s.tokens[:-1]))
+                datums_D.append(Datum(model_input=model_input, loss_fn_inputs={
+                    "target_tokens": TensorData([0] * ob_len + s.tokens, "int64"),
+                    "logprobs": TensorData([0.0] * ob_len + s.logprobs),
+                    "advantages": TensorData([0.0] * ob_len + [(r - mean) / num_tokens] * len(s.tokens))}))
+            rewards += rewards_G
+        fwd_bwd_future = tc.forward_backward(datums_D, loss_fn="ppo")
         lr = args.lr * min(1.0, (step + 1) / args.warmup_steps) if args.warmup_steps else args.lr
-        op = tc.optim_step(AdamParams(learning_rate=lr, **adam))
-        out, opt = fb.result(), op.result()
-        history.append({"step": step + 1, "reward": sum(rewards) / len(rewards), "loss": out.loss, **opt})
+        optim_future = tc.optim_step(AdamParams(learning_rate=lr, **adam))
+        out, opt = fwd_bwd_future.result(), optim_future.result().metrics
+        history.append({"step": step + 1, "reward": sum(rewards) / len(rewards), "loss": out.metrics["loss:sum"],
+                        **opt})
         if rank == 0:
-            print(f"step {step + 1}: reward {history[-1]['reward']:.3f} loss {out.loss:.4f} "
+            print(f"step {step + 1}: reward {history[-1]['reward']:.3f} loss {out.metrics['loss:sum']:.4f} "
                   f"grad_norm {opt['grad_norm']:.4f}")
-        sc = tc.save_weights_and_get_sampling_client()  # the next rollouts use the updated policy
+        sampling_client = tc.save_weights_and_get_sampling_client().result()  # the next rollouts' policy
     after = common.finish(tc, tok, val_rows, args.max_tokens, before, rank, world, args.output_dir)
     return {"before": before, "after": after, "history": history}
 

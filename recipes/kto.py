@@ -71,10 +71,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     svc = ServiceClient()
     rank, world = svc.process_index, svc.num_processes
-    tc = svc.create_lora_training_client(args.model, rank=args.lora_rank, alpha=args.lora_alpha, seed=args.seed)
+    tc = svc.create_lora_training_client(args.model, rank=args.lora_rank, alpha=args.lora_alpha,
+                                         seed=args.seed).result()
     tok = tc.get_tokenizer()
-    ref = tc.create_sampling_client(use_adapter=False)  # pi_ref: the base model, no second copy
-    sc = tc.create_sampling_client()
+    ref = tc.create_sampling_client(use_adapter=False).result()  # pi_ref: the base model, no second copy (minirl)
+    sc = tc.save_weights_and_get_sampling_client().result()     # the starting policy
     rows = load_rows(args.train_files, split="train")
     val_rows = load_rows(args.val_files, split="test", limit=args.val_max_samples) if args.val_files else []
     torch.manual_seed(args.seed * 1000 + rank)
@@ -98,14 +99,13 @@ def main(argv: list[str] | None = None) -> dict:
         batch = rng.sample(examples, min(args.batch_size, len(examples)))
         prompts, completions = [b[0] for b in batch], [b[1] for b in batch]
         mismatched = completions[1:] + completions[:1]  # (x_i, y_{i+1}): the batch's estimate of z_0
-        datums = [Datum(p, c) for p, c in zip(prompts, completions)] + \
-                 [Datum(p, c) for p, c in zip(prompts, mismatched)]
-        ref_logp = sequence_logps(ref.compute_logprobs([d.prompt_tokens + d.completion_tokens for d in datums])
-                                  .result(), [d.completion_tokens for d in datums])
+        pairs = list(zip(prompts, completions)) + list(zip(prompts, mismatched))
+        datums = [Datum.from_completion(p, c) for p, c in pairs]
+        ref_logp = sequence_logps(ref.compute_logprobs([p + c for p, c in pairs]).result(), [c for _, c in pairs])
         desirable = torch.tensor([b[2] for b in batch])
         n = len(batch)
 
-        def loss_fn(datums: list[Datum], logprobs: list[torch.Tensor]):
+        def loss_fn(datums: list[Datum], logprobs: list[torch.Tensor]):  # per datum, 0 under the prompt
             logp = torch.stack([lp.sum() for lp in logprobs])
             return kto_loss(logp[:n], ref_logp[:n], logp[n:], ref_logp[n:], desirable, args.beta, lambda_d,
                             args.lambda_u)
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
         fb = tc.forward_backward_custom(datums, loss_fn)
         op = tc.optim_step(AdamParams(learning_rate=args.lr, beta2=0.99, eps=1e-8, grad_clip_norm=1.0))
         out = fb.result()
-        history.append({"step": step + 1, "loss": out.loss, **out.metrics, **op.result()})
+        history.append({"step": step + 1, "loss": out.loss, **out.metrics, **op.result().metrics})
         if rank == 0:
             print(f"step {step + 1}: loss {out.loss:.4f} r+ {out.metrics['rewards/desirable']:.3f} "
                   f"r- {out.metrics['rewards/undesirable']:.3f} kl {out.metrics['kl']:.3f}")

@@ -1,40 +1,29 @@
-"""Training sessions: sample / forward_backward / optim_step as futures on a live model (the Tinker API, and the
-SageMaker AI training-session APIs modelled on it), run locally on this process and its accelerate peers.
+"""Training sessions with Tinker's programming model, on this process (and its accelerate peers): the official
+SDK's names, signatures, defaults, result types and losses, so a loop written for Tinker runs here unchanged.
 
     svc = ServiceClient()
-    tc = svc.create_lora_training_client("tiny", rank=32, alpha=64)    # or create_training_client (all weights)
-    sc = tc.create_sampling_client()
-    res = sc.sample(prompt_tokens, 8, SamplingParams(max_tokens=256, temperature=0.7)).result()
-    fb = tc.forward_backward(datums, loss_fn="ppo"); op = tc.optim_step(AdamParams(learning_rate=1e-5))
-    fb.result(), op.result()
+    tc = svc.create_lora_training_client(base_model="tiny", rank=32).result()
+    sc = tc.save_weights_and_get_sampling_client().result()            # a snapshot of the current weights
+    res = sc.sample(ModelInput.from_ints(prompt), 8, SamplingParams(max_tokens=256)).result()
+    fb = tc.forward_backward(datums, loss_fn="importance_sampling"); op = tc.optim_step(AdamParams(1e-5))
+    fb.result().metrics["loss:sum"], op.result().metrics
 
-Every operation is a thin wrapper over the function train.py uses for the same stage: `rollout.sample`,
-`logprobs.batched_logprobs`, `update.forward_backward` (whose losses are `loss.policy_loss`), `update.optim_step`,
-`checkpoint`. What the session adds is ordering: a client's operations run in call order on one background
-thread, so a loop can submit `optim_step` before `forward_backward` has finished; `sample` calls submitted
-together run as one `generate` where their parameters agree (minirl/sessions/types.py: the worker, the futures
-and the data types).
+Over HTTP, `python -m minirl.sessions.server` serves these clients to `tinker.ServiceClient(base_url=...)`.
+Each operation is a thin wrapper over the function train.py uses for the same stage: `rollout.sample`,
+`logprobs.batched_logprobs` / `token_logprobs` (minirl/sessions/batches.py: the datum layout and the loss pass
+over `loss.tinker_loss`), `update.optim_step`, `checkpoint`. A client's operations run in call order on one
+thread (minirl/sessions/worker.py), so `optim_step` can be submitted before `forward_backward` has finished.
 
-Conventions, and where they differ from Tinker's:
-- A `Datum` is (prompt tokens, completion tokens) plus per-completion-token `logprobs`, `advantages` (a number or
-  one per token) and `weights`; Tinker's model_input/target_tokens shift is done here. Weight-0 tokens stay in
-  the context but out of the loss (tool outputs in a multi-turn episode).
-- Losses are token means over the call's weighted tokens, all processes together, as train.py's (Tinker sums over
-  tokens: pass loss_fn_config={"loss_agg_mode": "sum"}). Several calls before one optim_step: pass the step's
-  total as loss_fn_config={"num_tokens": n} to each, and the gradient is the one-call gradient.
-- PPO/CISPO clip ranges: loss_fn_config clip_low_threshold / clip_high_threshold, Tinker's ratio bounds (0.8, 1.2).
-- Sampled log-probs are the trainer's own teacher-forced log-probs of the sampled tokens at the sampling
-  temperature (one extra forward pass), so on-policy ratios are exactly 1.
-- Under `accelerate launch` / torchrun every process runs the same loop on its share of the data (SPMD); the
-  gradients are summed across processes at `optim_step`, as train.py sums them. FSDP is not supported here.
-Left out: a remote service, async/await variants, top-p-aware log-probs, stop strings.
-
-Shapes: N datums, P prompt tokens (left-padded), R completion tokens (right-padded).
+Where minirl differs from the Tinker service, and what is left out: docs/sessions.md (what would change a
+result and is not supported raises). Under `accelerate launch` / torchrun every process runs the loop on its
+share of the data (SPMD); optim_step sums the gradients across processes.
 """
 from __future__ import annotations
 
-import contextlib
+import copy
 import json
+import os
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,72 +31,18 @@ import torch
 
 from minirl import checkpoint
 from minirl.distributed import (all_reduce_sum, barrier, rank, shutdown, sum_gradients_across_processes,
-                                sum_over_processes)
-from minirl.logprobs import batched_logprobs
-from minirl.models import (adapter_disabled, build_policy, config_dtype, load_model, load_tokenizer,
-                           pick_attn_implementation, pick_dtype, resolve_model_path)
-from minirl.rollout import sample
-from minirl.sessions.types import (LOSS_FNS, AdamParams, Datum, ForwardBackwardOutput, Future, SampledSequence,
-                                 SampleResponse, SamplingParams, SessionError, _Worker, collate)
-from minirl.update import LossSettings, forward_backward, optim_step
+                                world_size)
+from minirl.models import (build_policy, config_dtype, load_model, load_tokenizer, pick_attn_implementation,
+                           pick_dtype, resolve_model_path)
+from minirl.sessions import batches
+from minirl.sessions.sampling import SamplingClient
+from minirl.sessions.types import (AdamParams, ForwardBackwardOutput, GetInfoResponse, LoadWeightsResponse,
+                                   ModelData, OptimStepResponse, SaveWeightsForSamplerResponse,
+                                   SaveWeightsResponse, adam_params_of)
+from minirl.sessions.worker import ClientFuture, Future, SessionError, _Worker, add_async_variants, ready
+from minirl.update import optim_step
 
-__all__ = ["ServiceClient", "TrainingClient", "SamplingClient", "SamplingParams", "AdamParams", "Datum",
-           "SampledSequence", "SampleResponse", "ForwardBackwardOutput", "Future", "SessionError"]
-
-
-# --- clients -------------------------------------------------------------------------------------------------
-
-class SamplingClient:
-    """Samples from, and scores with, a model. From a training client it shares that client's worker, so its
-    calls run in order with training calls, on the live weights; `use_adapter=False` runs the LoRA base model
-    (the reference of KL penalties, DPO and KTO) without a second copy."""
-
-    def __init__(self, model, tokenizer, worker: _Worker, version: Callable[[], int], micro_batch_size: int = 32,
-                 use_adapter: bool = True):
-        self.model, self.tokenizer, self._worker, self._version = model, tokenizer, worker, version
-        self.micro_batch_size, self.use_adapter = micro_batch_size, use_adapter
-
-    def _adapter(self):
-        return contextlib.nullcontext() if self.use_adapter else adapter_disabled(self.model)
-
-    def sample(self, prompt: list[int], num_samples: int = 1, sampling_params: SamplingParams | None = None) -> Future:
-        params = sampling_params or SamplingParams()
-        run = lambda prompts: self._sample_batch(prompts, num_samples, params)  # noqa: E731
-        return self._worker.submit_sample((id(self), num_samples, params), list(prompt), run)
-
-    def _sample_batch(self, prompts: list[list[int]], G: int, params: SamplingParams) -> list[SampleResponse]:
-        """One generate for all prompts (rollout.sample), then the sampled tokens' log-probs at the sampling
-        temperature from the trainer's forward pass (what train.py's prepare_batch computes as old_logp)."""
-        greedy = params.temperature == 0
-        seeded = torch.random.fork_rng(devices=[self._worker.device] if self._worker.device.type == "cuda" else [],
-                                       enabled=params.seed is not None)
-        with self._adapter(), seeded:
-            if params.seed is not None:
-                torch.manual_seed(params.seed)
-            rollout = sample(self.model, self.tokenizer, prompts, G, params.max_tokens, params.temperature or 1.0,
-                             params.top_p, max(params.top_k, 0), greedy=greedy)
-            R = rollout.response_ids.shape[1]
-            # with the entropy, exactly as train.py's prepare_batch: the same old log-probs to the last bit
-            logp, entropy = batched_logprobs(self.model, rollout.input_ids, rollout.attention_mask, R,
-                                             self.micro_batch_size, params.temperature or 1.0, with_entropy=True)
-        lengths, version = rollout.response_mask.sum(1).tolist(), self._version()                # logp: (N, R)
-        seqs = [SampledSequence(rollout.response_ids[i, :n].tolist(), logp[i, :n].tolist(),
-                                "length" if rollout.truncated[i] else "stop", entropy[i, :n].tolist())
-                for i, n in enumerate(lengths)]
-        return [SampleResponse(seqs[b * G:(b + 1) * G], version) for b in range(len(prompts))]
-
-    def compute_logprobs(self, sequences: list[list[int]]) -> Future:
-        """log p(token_t | tokens_<t) for each token of each sequence (temperature 1); the first is None."""
-        return self._worker.submit("compute_logprobs", self._compute_logprobs, [list(s) for s in sequences])
-
-    def _compute_logprobs(self, sequences: list[list[int]]) -> list[list[float | None]]:
-        datums = [Datum(s[:1], s[1:]) for s in sequences]  # the first token is the "prompt"
-        batch = collate(datums, self.tokenizer.pad_token_id, self._worker.device)
-        R = batch["response_mask"].shape[1]
-        with self._adapter():
-            logp, _ = batched_logprobs(self.model, batch["input_ids"], batch["attention_mask"], R,
-                                       self.micro_batch_size)                                  # (N, R)
-        return [[None] + logp[i, :len(s) - 1].tolist() for i, s in enumerate(sequences)]
+__all__ = ["ServiceClient", "TrainingClient", "SamplingClient"]
 
 
 class TrainingClient:
@@ -116,118 +51,150 @@ class TrainingClient:
     def __init__(self, service: "ServiceClient", base_model: str, lora: dict | None, seed: int = 0,
                  micro_batch_size: int = 32, gradient_checkpointing: bool = False):
         self.service, self.micro_batch_size, self.policy_version = service, micro_batch_size, 0
-        self.base_path = resolve_model_path(base_model)
+        self.model_id = f"{service.session_id}:train:{len(service.training_clients)}"
+        service.training_clients.append(self)
+        self.base_model, self.base_path = base_model, resolve_model_path(base_model)
         self.spec = {"base_model": base_model, "lora": lora, "seed": seed, "micro_batch_size": micro_batch_size,
                      "gradient_checkpointing": gradient_checkpointing}
-        dtype, device = service.dtype, service.device
         self.tokenizer = load_tokenizer(self.base_path)
-        self.model = build_policy(self.base_path, device, dtype, service.attn_implementation,
+        self.model = build_policy(self.base_path, service.device, service.dtype, service.attn_implementation,
                                   lora and {**lora, "dropout": 0.0}, gradient_checkpointing, seed=seed)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=AdamParams.learning_rate)
-        self._worker = _Worker(device, dtype)
+        self._worker = _Worker(service.device, service.dtype)
+        self.sampled_temperatures: set[float] = set()  # by this session's samplers: the RL losses' default
+        self._step_error: BaseException | None = None  # a failed forward_backward poisons its step
 
     # -- reading the model
     def get_tokenizer(self):
         return self.tokenizer
 
-    def create_sampling_client(self, use_adapter: bool = True) -> SamplingClient:
+    def get_info(self) -> GetInfoResponse:
+        lora = self.spec["lora"]
+        return GetInfoResponse(ModelData(type(self.model).__name__, self.base_model, self.base_path),
+                               self.model_id, lora is not None, lora and lora["rank"], self.base_model)
+
+    def create_sampling_client(self, model_path: str | None = None, retry_config=None,
+                               record_stability_info: bool = False, *, use_adapter: bool = True) -> ClientFuture:
+        """A sampler on saved weights (model_path), or with model_path None on the live weights, in this
+        client's call order (minirl); use_adapter=False runs the LoRA base model (a KL or DPO reference)."""
+        if model_path is not None:
+            return self.service.create_sampling_client(model_path)
         if not use_adapter and not hasattr(self.model, "disable_adapter"):
             raise ValueError("use_adapter=False needs a LoRA training client; for full fine-tuning load the "
-                             "reference with ServiceClient.create_sampling_client(model_path=base_model)")
-        return SamplingClient(self.model, self.tokenizer, self._worker, lambda: self.policy_version,
-                              self.micro_batch_size, use_adapter)
+                             "reference with ServiceClient.create_sampling_client(base_model=...)")
+        return ready(SamplingClient(self.model, self.tokenizer, self._worker, lambda: self.policy_version,
+                                    self.micro_batch_size, use_adapter, owner=self))
 
-    def save_weights_and_get_sampling_client(self, name: str | None = None) -> SamplingClient:
-        """A sampler on the weights as they are once every call submitted so far has run (it waits for them)."""
-        self._worker.submit("save_weights_and_get_sampling_client", lambda: None).result()
-        return self.create_sampling_client()
+    def save_weights_and_get_sampling_client(self, name: str | None = None, retry_config=None,
+                                             record_stability_info: bool = False,
+                                             kind: str = "snapshot") -> ClientFuture:
+        """A sampler on the weights as they are once every call submitted so far has run: a copy that later
+        steps leave alone ("snapshot"), or the live weights ("inflight")."""
+        def make() -> SamplingClient:
+            if kind == "inflight":
+                return SamplingClient(self.model, self.tokenizer, self._worker, lambda: self.policy_version,
+                                      self.micro_batch_size, owner=self)
+            snapshot = copy.deepcopy(self.model).eval().requires_grad_(False)
+            version = self.policy_version
+            return SamplingClient(snapshot, self.tokenizer, self._worker, lambda: version, self.micro_batch_size,
+                                  owner=self)
+        if kind not in ("snapshot", "inflight"):
+            raise ValueError(f"kind must be 'snapshot' or 'inflight', not {kind!r}")
+        fut = self._worker.submit("save_weights_and_get_sampling_client", make)
+        out = ClientFuture(fut.name, self._worker)
+        out._future = fut._future
+        return out
 
     # -- the loss and its gradient
-    def forward(self, datums: list[Datum], loss_fn: str = "cross_entropy",
-                loss_fn_config: dict | None = None) -> Future:
-        """The loss and metrics of forward_backward, without gradients."""
-        return self._worker.submit("forward", self._loss, list(datums), loss_fn, loss_fn_config or {}, False)
+    def forward(self, data: list, loss_fn: str = "cross_entropy", loss_fn_config: dict | None = None) -> Future:
+        """The loss, metrics and per-token log-probs of forward_backward, without gradients."""
+        return self._worker.submit("forward", self._loss, list(data), loss_fn, dict(loss_fn_config or {}), False)
 
-    def forward_backward(self, datums: list[Datum], loss_fn: str | Callable = "cross_entropy",
+    def forward_backward(self, data: list, loss_fn: str | Callable = "cross_entropy",
                          loss_fn_config: dict | None = None) -> Future:
-        """Accumulate the loss's gradient into the weights' .grad (applied by optim_step). loss_fn: one of
-        LOSS_FNS, or a callable fn(datums, logprobs) -> (loss, metrics) as forward_backward_custom."""
+        """Accumulate the loss's gradient into the weights' .grad (applied by optim_step)."""
         if callable(loss_fn):
-            return self.forward_backward_custom(datums, loss_fn)
-        return self._worker.submit("forward_backward", self._loss, list(datums), loss_fn, loss_fn_config or {}, True)
+            return self.forward_backward_custom(data, loss_fn)
+        return self._worker.submit("forward_backward", self._loss, list(data), loss_fn, dict(loss_fn_config or {}),
+                                   True)
 
-    def forward_backward_custom(self, datums: list[Datum], fn: Callable) -> Future:
-        return self._worker.submit("forward_backward_custom", self._custom, list(datums), fn)
+    def forward_backward_custom(self, data: list, loss_fn: Callable) -> Future:
+        return self._worker.submit("forward_backward_custom", self._custom, list(data), loss_fn)
 
-    def _loss(self, datums: list[Datum], loss_fn: str, config: dict, grad: bool) -> ForwardBackwardOutput:
-        if loss_fn not in LOSS_FNS:
-            raise ValueError(f"unknown loss_fn {loss_fn!r}; use one of {list(LOSS_FNS)} or a callable")
-        unknown = set(config) - {"clip_low_threshold", "clip_high_threshold", "loss_agg_mode", "num_tokens",
-                                 "temperature"}
-        if unknown:
-            raise ValueError(f"unknown loss_fn_config keys {sorted(unknown)}")
-        batch = collate(datums, self.tokenizer.pad_token_id, self._worker.device)
-        if loss_fn == "cross_entropy":
-            batch["advantages"] = torch.ones_like(batch["advantages"])  # -weight * logp; the weights are the mask
-        counts = all_reduce_sum(torch.tensor([float(batch["response_mask"].sum()), float(len(datums))],
-                                             device=self._worker.device))
-        num_tokens = 1.0 if config.get("loss_agg_mode") == "sum" else config.get("num_tokens", float(counts[0]))
-        settings = LossSettings(policy_loss=loss_fn, clip_low=1 - config.get("clip_low_threshold", 0.8),
-                                clip_high=config.get("clip_high_threshold", 1.2) - 1,
-                                temperature=config.get("temperature", 1.0))
+    def _temperature(self, loss_fn: str, config: dict) -> float:
+        if "temperature" in config or loss_fn == "cross_entropy":
+            return float(config.pop("temperature", 1.0))
+        if len(self.sampled_temperatures) > 1:
+            raise ValueError(f"this session sampled at temperatures {sorted(self.sampled_temperatures)}: pass the "
+                             "one that sampled this data as loss_fn_config={'temperature': T}")
+        return next(iter(self.sampled_temperatures), 1.0)
+
+    def _loss(self, data: list, loss_fn: str, config: dict, grad: bool) -> ForwardBackwardOutput:
+        if grad and self._step_error is not None:
+            raise SessionError(f"skipped: an earlier forward_backward of this step failed ({self._step_error})")
         try:
-            with torch.set_grad_enabled(grad):
-                m = forward_backward(self.model, batch, settings, self.micro_batch_size, max(num_tokens, 1.0),
-                                     float(counts[1]), backward=torch.Tensor.backward if grad else lambda t: None)
-        except BaseException:
-            if grad:  # the step's gradients are incomplete: never let optim_step apply half a batch
+            T = self._temperature(loss_fn, config)
+            batch = batches.collate(data, loss_fn, self.tokenizer.pad_token_id, self._worker.device)
+            _, logp, metrics = batches.loss_pass(self.model, batch, loss_fn, config, self.micro_batch_size, grad, T)
+        except BaseException as e:
+            if grad:  # the step's gradients are incomplete: its optim_step must not apply them
+                self._step_error = e
                 self.optimizer.zero_grad(set_to_none=True)
             raise
-        m = sum_over_processes({k: v for k, v in m.items() if k != "kl_loss"})
-        if loss_fn == "cross_entropy":
-            m = {"pg_loss": m["pg_loss"]}  # the ratio metrics mean nothing without sampler log-probs
-        return ForwardBackwardOutput(loss=m["pg_loss"], metrics=m)
+        totals = all_reduce_sum(torch.tensor(list(metrics.values()), device=self._worker.device)).tolist()
+        metrics = {k: v / (world_size() if k.endswith(":mean") else 1) for k, v in zip(metrics, totals)}
+        return ForwardBackwardOutput("TensorData", batches.outputs(batch, logp), metrics)
 
-    def _custom(self, datums: list[Datum], fn: Callable) -> ForwardBackwardOutput:
-        """Tinker's forward_backward_custom: log-probs without a graph, the user's loss on them, dL/dlogp by
-        autograd; then a second pass backpropagates the linear surrogate sum_t (dL/dlogp_t) * logp_t, which has
-        the same gradient and runs in micro-batches (loss.policy_loss "cross_entropy" with A = -dL/dlogp)."""
-        batch = collate(datums, self.tokenizer.pad_token_id, self._worker.device)
-        R = batch["response_mask"].shape[1]
-        logp, _ = batched_logprobs(self.model, batch["input_ids"], batch["attention_mask"], R,
-                                   self.micro_batch_size)                                      # (N, R)
-        leaves = [logp[i, :len(d.completion_tokens)].detach().requires_grad_() for i, d in enumerate(datums)]
+    def _custom(self, data: list, fn: Callable) -> ForwardBackwardOutput:
+        """Tinker's forward_backward_custom: log-probs without a graph, the user's loss on them (one tensor per
+        datum, at its positions), dL/dlogp by autograd; then a second pass backpropagates the linear surrogate
+        sum_t (dL/dlogp_t) * logp_t, which has the same gradient ("cross_entropy" with weights -dL/dlogp)."""
+        batch = batches.collate(data, "cross_entropy", self.tokenizer.pad_token_id, self._worker.device)
+        with torch.no_grad():
+            _, logp, _ = batches.loss_pass(self.model, batch, "cross_entropy", {}, self.micro_batch_size, False)
+        rows = [out["logprobs"].to_torch().to(logp.device).requires_grad_() for out in batches.outputs(batch, logp)]
         with torch.enable_grad():
-            loss, metrics = fn(datums, leaves)
+            loss, metrics = fn(data, rows)
             loss.backward()
         dlogp = torch.zeros_like(logp)
-        for i, leaf in enumerate(leaves):
-            dlogp[i, :len(leaf)] = leaf.grad if leaf.grad is not None else 0.0
-        real = batch["attention_mask"][:, -R:].float()  # every completion token; the user's loss did the weighting
-        batch.update(advantages=-dlogp, response_mask=real)
-        forward_backward(self.model, batch, LossSettings(policy_loss="cross_entropy"), self.micro_batch_size,
-                         num_tokens=1.0, num_seqs=float(len(datums)))
-        return ForwardBackwardOutput(loss=float(loss.detach()), metrics={k: float(v) for k, v in metrics.items()})
+        for i, (row, s) in enumerate(zip(rows, batch["starts"])):
+            if row.grad is not None:
+                dlogp[i, :len(row) - s] = row.grad[s:]
+        batch["weights"] = -dlogp * batch["mask"]
+        batches.loss_pass(self.model, batch, "cross_entropy", {}, self.micro_batch_size, True)
+        metrics = {k: float(v) for k, v in metrics.items()}
+        return ForwardBackwardOutput("TensorData", batches.outputs(batch, logp), {"loss:sum": float(loss.detach()), **metrics})
 
-    def optim_step(self, params: AdamParams | None = None) -> Future:
-        return self._worker.submit("optim_step", self._optim_step, params or AdamParams(), autocast=False)
+    def optim_step(self, optim_params=None, *, adam_params=None) -> Future:
+        if optim_params is not None and adam_params is not None:
+            raise ValueError("Specify optim_params or legacy adam_params, not both")
+        p = adam_params_of(optim_params if optim_params is not None else adam_params)
+        return self._worker.submit("optim_step", self._optim_step, p, autocast=False)
 
-    def _optim_step(self, p: AdamParams) -> dict[str, float]:
+    def _optim_step(self, p: AdamParams) -> OptimStepResponse:
+        if self._step_error is not None:
+            error, self._step_error = self._step_error, None
+            self.optimizer.zero_grad(set_to_none=True)
+            raise SessionError(f"not applied: a forward_backward of this step failed ({error})")
         sum_gradients_across_processes(self.model)  # each process holds its share of the step's gradient
         for group in self.optimizer.param_groups:
             group.update(lr=p.learning_rate, betas=(p.beta1, p.beta2), eps=p.eps, weight_decay=p.weight_decay)
         grad_norm = optim_step(self.model, self.optimizer, None, p.grad_clip_norm)
         self.policy_version += 1
-        return {"grad_norm": grad_norm, "lr": p.learning_rate, "policy_version": self.policy_version}
+        self.sampled_temperatures.clear()
+        return OptimStepResponse({"grad_norm": grad_norm, "lr": p.learning_rate,
+                                  "policy_version": float(self.policy_version)})
 
-    # -- saving
-    def save_state(self, path: str | Path) -> Future:
+    # -- saving and loading
+    def save_state(self, name: str, ttl_seconds: int | None = None, overwrite: bool = False,
+                   user_metadata: dict | None = None) -> Future:
         """Weights (fp32, unchanged), optimizer state, step count and every process's RNG: an exact resume point
         (ServiceClient.create_training_client_from_state_with_optimizer)."""
-        return self._worker.submit("save_state", self._save_state, Path(path))
+        path, folder = self.service.checkpoint_path(self.model_id, "weights", name)
+        return self._worker.submit("save_state", self._save_state, folder, path)
 
-    def _save_state(self, folder: Path) -> str:
+    def _save_state(self, folder: Path, path: str) -> SaveWeightsResponse:
         if rank() == 0:
             folder.mkdir(parents=True, exist_ok=True)
         barrier()
@@ -235,32 +202,59 @@ class TrainingClient:
         if rank() == 0:
             checkpoint.save_shared_state(folder, self.model, self.optimizer, None, self.policy_version, 0, self.spec)
         barrier()
-        return str(folder)
+        return SaveWeightsResponse(path)
 
-    def save_weights_for_sampler(self, path: str | Path, merge_weights: bool = True) -> Future:
+    def load_state(self, path: str, weights_access_token: str | None = None) -> Future:
+        return self._worker.submit("load_state", self._load_state, path, False)
+
+    def load_state_with_optimizer(self, path: str, weights_access_token: str | None = None) -> Future:
+        return self._worker.submit("load_state_with_optimizer", self._load_state, path, True)
+
+    def _load_state(self, path: str, with_optimizer: bool) -> LoadWeightsResponse:
+        folder = self.service.resolve(path)
+        if not (folder / "trainer_state.json").exists():
+            raise FileNotFoundError(f"{path} holds no training state; write one with TrainingClient.save_state")
+        if with_optimizer:
+            state = checkpoint.load_checkpoint(folder, rank(), self.model, self.optimizer, None)
+            self.policy_version = state["step"]
+        else:
+            checkpoint.load_weights(self.model, folder / "model")
+        return LoadWeightsResponse(path)
+
+    def save_weights_for_sampler(self, name: str, ttl_seconds: int | None = None, user_metadata: dict | None = None,
+                                 merge_weights: bool = True) -> Future:
         """A folder that from_pretrained loads: with LoRA and merge_weights, the adapter merged into an fp32 copy
         of the base (checkpoint.save_merged; the live adapter is untouched), else the adapter alone; saved in the
         base's own dtype."""
-        return self._worker.submit("save_weights_for_sampler", self._save_weights, Path(path), merge_weights)
+        path, folder = self.service.checkpoint_path(self.model_id, "sampler_weights", name)
+        return self._worker.submit("save_weights_for_sampler", self._save_weights, folder, path, merge_weights)
 
-    def _save_weights(self, folder: Path, merge: bool) -> str:
+    def _save_weights(self, folder: Path, path: str, merge: bool) -> SaveWeightsForSamplerResponse:
         if rank() == 0:
-            if merge and hasattr(self.model, "peft_config"):  # into an fp32 copy of the base, as train.py does
+            if merge and hasattr(self.model, "peft_config"):
                 checkpoint.save_merged(self.model, self.base_path, folder, config_dtype(self.base_path))
             else:
                 checkpoint.save_model(self.model, folder, config_dtype(self.base_path))
             self.tokenizer.save_pretrained(folder)
         barrier()
-        return str(folder)
+        return SaveWeightsForSamplerResponse(path)
 
     def stop(self) -> None:
         self._worker.stop()
 
 
 class ServiceClient:
-    """Creates clients on this process (and, under accelerate launch / torchrun, its peers: SPMD)."""
+    """Creates clients on this process (and, under accelerate launch / torchrun, its peers: SPMD).
+    tinker.ServiceClient's arguments are accepted; base_url is the SDK's (point tinker.ServiceClient at
+    `python -m minirl.sessions.server`)."""
 
-    def __init__(self, dtype: str = "auto", attn_implementation: str = "auto"):
+    def __init__(self, user_metadata: dict | None = None, project_id: str | None = None, *,
+                 display_name: str | None = None, base_url: str | None = None, api_key: str | None = None,
+                 dtype: str = "auto", attn_implementation: str = "auto", checkpoint_dir: str | None = None,
+                 **service_only):
+        if base_url is not None:
+            raise ValueError("minirl.sessions.ServiceClient runs the model in this process; for a server started "
+                             "with `python -m minirl.sessions.server` use tinker.ServiceClient(base_url=...)")
         from accelerate import PartialState
         # joins the process group when launched with several processes (on CPU only when told to: else each
         # process would be a world of one)
@@ -268,35 +262,90 @@ class ServiceClient:
         self.process_index, self.num_processes, self.device = state.process_index, state.num_processes, state.device
         self.dtype = pick_dtype(dtype, self.device)
         self.attn_implementation = pick_attn_implementation(attn_implementation)
+        self.checkpoint_dir = Path(checkpoint_dir or os.environ.get("MINIRL_SESSIONS_DIR",
+                                                                    "~/.cache/minirl/sessions")).expanduser()
+        self.session_id, self.training_clients = uuid.uuid4().hex[:12], []
 
-    def create_lora_training_client(self, base_model: str, rank: int = 32, alpha: int = 32, seed: int = 0,
-                                    target_modules: str = "all-linear", **kwargs) -> TrainingClient:
-        return TrainingClient(self, base_model, {"rank": rank, "alpha": alpha, "target_modules": target_modules},
-                              seed, **kwargs)
+    def __enter__(self) -> "ServiceClient":
+        return self
 
-    def create_training_client(self, base_model: str, **kwargs) -> TrainingClient:
-        """Full fine-tuning: every weight trains (fp32 weights and optimizer state)."""
-        return TrainingClient(self, base_model, None, **kwargs)
+    def __exit__(self, *exc) -> None:
+        self.close()
 
-    def create_training_client_from_state_with_optimizer(self, path: str | Path) -> TrainingClient:
-        folder = Path(path)
+    def close(self, status: str = "success", detail: str | None = None) -> Future:
+        for tc in self.training_clients:
+            tc.stop()
+        self.training_clients.clear()
+        return Future.completed("close", None)
+
+    # -- paths: tinker://<model_id>/<kind>/<name>, or a plain folder
+    def checkpoint_path(self, model_id: str, kind: str, name: str) -> tuple[str, Path]:
+        if os.sep in name or name.startswith((".", "~")):  # a folder of the caller's choosing
+            return str(Path(name).expanduser()), Path(name).expanduser()
+        path = f"tinker://{model_id}/{kind}/{name}"
+        return path, self.resolve(path)
+
+    def resolve(self, path: str) -> Path:
+        if path.startswith("tinker://"):
+            return self.checkpoint_dir / path[len("tinker://"):].replace(":", "_")
+        return Path(path).expanduser()
+
+    # -- clients
+    def create_lora_training_client(self, base_model: str, rank: int = 32, seed: int | None = None,
+                                    train_mlp: bool = True, train_attn: bool = True, train_unembed: bool = True,
+                                    user_metadata: dict | None = None, optimizer=None, *, alpha: int = 32,
+                                    target_modules: str = "all-linear", **kwargs) -> ClientFuture:
+        if not (train_mlp and train_attn and train_unembed):
+            raise ValueError("train_mlp/train_attn/train_unembed=False are not supported: pass target_modules "
+                             "(peft module names) instead")
+        lora = {"rank": rank, "alpha": alpha, "target_modules": target_modules}
+        return ready(TrainingClient(self, base_model, lora, seed or 0, **kwargs))
+
+    def create_training_client(self, base_model: str, seed: int = 0, **kwargs) -> ClientFuture:
+        """Full fine-tuning (minirl): every weight trains (fp32 weights and optimizer state)."""
+        return ready(TrainingClient(self, base_model, None, seed, **kwargs))
+
+    def _from_state(self, path: str, with_optimizer: bool) -> TrainingClient:
+        folder = self.resolve(path)
         if not (folder / "trainer_state.json").exists():
-            raise FileNotFoundError(f"{folder} holds no session state; write one with TrainingClient.save_state")
-        state = json.loads((folder / "trainer_state.json").read_text())
-        spec = state["config"]
+            raise FileNotFoundError(f"{path} holds no session state; write one with TrainingClient.save_state")
+        spec = json.loads((folder / "trainer_state.json").read_text())["config"]
         tc = TrainingClient(self, spec["base_model"], spec["lora"], spec["seed"], spec["micro_batch_size"],
                             spec["gradient_checkpointing"])
-        checkpoint.load_checkpoint(folder, self.process_index, tc.model, tc.optimizer, None)
-        tc.policy_version = state["step"]
+        tc._load_state(path, with_optimizer)
         return tc
 
-    def create_sampling_client(self, model_path: str, micro_batch_size: int = 32) -> SamplingClient:
-        """A sampler on saved weights (save_weights_for_sampler's folder, an adapter folder, or a base model)."""
-        path = resolve_model_path(model_path)
-        model = load_model(path, self.dtype, self.attn_implementation).to(self.device).eval()
-        return SamplingClient(model, load_tokenizer(path), _Worker(self.device, self.dtype), lambda: 0,
-                              micro_batch_size)
+    def create_training_client_from_state(self, path: str, base_model: str | None = None, user_metadata=None,
+                                          weights_access_token=None, optimizer=None) -> ClientFuture:
+        """The saved weights with a fresh optimizer."""
+        return ready(self._from_state(path, False))
+
+    def create_training_client_from_state_with_optimizer(self, path: str, base_model: str | None = None,
+                                                         user_metadata=None, weights_access_token=None) -> ClientFuture:
+        """The saved weights, optimizer state, step count and RNG: training continues bit-identically."""
+        return ready(self._from_state(path, True))
+
+    def create_sampling_client(self, model_path: str | None = None, base_model: str | None = None,
+                               retry_config=None, record_stability_info: bool = False,
+                               micro_batch_size: int = 32) -> ClientFuture:
+        """A sampler on saved weights (save_weights_for_sampler's path, an adapter folder) or a base model."""
+        if model_path is None and base_model is None:
+            raise ValueError("Either model_path or base_model must be provided")
+        name = model_path if model_path is not None else base_model
+        source = str(self.resolve(name)) if name.startswith("tinker://") else resolve_model_path(name)
+        model = load_model(source, self.dtype, self.attn_implementation).to(self.device).eval()
+        return ready(SamplingClient(model, load_tokenizer(source), _Worker(self.device, self.dtype), lambda: 0,
+                                     micro_batch_size))
 
     def shutdown(self) -> None:
         """Leave the process group (all processes together); call once at the end of a multi-process loop."""
         shutdown()
+
+
+add_async_variants(TrainingClient, plain=["forward", "forward_backward", "forward_backward_custom", "optim_step",
+                                         "save_state", "load_state", "load_state_with_optimizer",
+                                         "save_weights_for_sampler"],
+                   creating=["create_sampling_client", "save_weights_and_get_sampling_client"])
+add_async_variants(ServiceClient, plain=[], creating=["create_lora_training_client", "create_training_client_from_state",
+                                                      "create_training_client_from_state_with_optimizer",
+                                                      "create_sampling_client"])

@@ -1,191 +1,251 @@
-"""The parts of the sessions API (minirl/sessions/client.py) that are not the clients: the data that crosses the API,
-the futures, the worker thread that runs a client's operations in call order, and the collation of datums into
-the batch layout update.forward_backward takes.
+"""The data that crosses the sessions API (minirl/sessions/client.py), shaped as the official Tinker SDK's
+`tinker.types`: the same class names, fields and defaults, so a loop written for Tinker builds its inputs the
+same way. Every function that takes these also takes the SDK's own objects (duck typing: `to_ints()`,
+`to_torch()`, `.loss_fn_inputs`, ...), so `tinker.types.Datum` and these are interchangeable.
 
-Why one worker thread per client: operations must run in the order they were called (an optim_step after its
-forward_backward), while the caller is free to queue the next ones (Tinker's futures). `sample` calls are held
-back until something else is submitted or any result is awaited; then the calls whose parameters agree become
-one batch, so the batch does not depend on how fast the worker was, and runs are reproducible.
+A Datum follows Tinker's next-token alignment: `model_input` is the sequence without its last token, and
+`loss_fn_inputs[k][i]` belongs to the prediction made at position i, i.e. of token i+1 of the full sequence
+(`target_tokens[i]`). `Datum.from_completion` builds one from a prompt and a completion.
 
-Shapes: N datums, P prompt tokens (left-padded), R completion tokens (right-padded).
+The futures and the worker thread live in minirl/sessions/worker.py (re-exported here).
 """
 from __future__ import annotations
 
-import concurrent.futures
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from minirl.models import autocast
+from minirl.sessions.worker import Future, SessionError, _Worker  # noqa: F401  (re-exported)
 
-# --- the data that crosses the API ---------------------------------------------------------------------------
+# --- inputs --------------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass
+class EncodedTextChunk:
+    tokens: list[int]
+    type: str = "encoded_text"
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class ModelInput:
+    """A token sequence, as a list of chunks (text only: images are left out)."""
+    chunks: list[EncodedTextChunk] = field(default_factory=list)
+
+    @classmethod
+    def from_ints(cls, tokens: list[int]) -> "ModelInput":
+        return cls([EncodedTextChunk(list(tokens))])
+
+    @classmethod
+    def empty(cls) -> "ModelInput":
+        return cls([])
+
+    def to_ints(self) -> list[int]:
+        return [t for c in self.chunks for t in c.tokens]
+
+    @property
+    def length(self) -> int:
+        return sum(len(c.tokens) for c in self.chunks)
+
+    def append(self, chunk) -> "ModelInput":
+        return ModelInput(self.chunks + [EncodedTextChunk(list(chunk.tokens))])
+
+    def append_int(self, token: int) -> "ModelInput":
+        return self.append(EncodedTextChunk([token]))
+
+
+@dataclass
+class TensorData:
+    """A flat tensor on the wire: `data` (a list), its dtype ("int64" | "float32") and shape."""
+    data: list
+    dtype: str = "float32"
+    shape: list[int] | None = None
+
+    @classmethod
+    def from_torch(cls, t: torch.Tensor) -> "TensorData":
+        dtype = "int64" if not t.is_floating_point() else "float32"
+        return cls(t.reshape(-1).tolist(), dtype, list(t.shape))
+
+    @classmethod
+    def from_numpy(cls, a) -> "TensorData":
+        return cls.from_torch(torch.from_numpy(a))
+
+    def to_torch(self) -> torch.Tensor:
+        t = torch.tensor(self.data, dtype=torch.long if self.dtype == "int64" else torch.float32)
+        return t.view(*self.shape) if self.shape else t
+
+    def tolist(self) -> list:
+        return self.to_torch().tolist()
+
+
+class Datum:
+    """Tinker's Datum(model_input, loss_fn_inputs). Also built as Datum(prompt_tokens, completion_tokens,
+    logprobs=None, advantages=None, weights=None) from two token lists: `from_completion`'s layout."""
+
+    def __init__(self, model_input, loss_fn_inputs: dict | list | None = None, logprobs: list[float] | None = None,
+                 advantages: float | list[float] | None = None, weights: list[float] | None = None):
+        if isinstance(model_input, (list, tuple)):  # (prompt tokens, completion tokens)
+            made = Datum.from_completion(list(model_input), list(loss_fn_inputs or []), logprobs, advantages, weights)
+            model_input, loss_fn_inputs = made.model_input, made.loss_fn_inputs
+        self.model_input, self.loss_fn_inputs = model_input, dict(loss_fn_inputs or {})
+
+    def __repr__(self) -> str:
+        return f"Datum(model_input={self.model_input!r}, loss_fn_inputs={self.loss_fn_inputs!r})"
+
+    @classmethod
+    def from_completion(cls, prompt: list[int], completion: list[int], logprobs: list[float] | None = None,
+                        advantages: float | list[float] | None = None, weights: list[float] | None = None) -> "Datum":
+        """A datum that scores `completion` after `prompt`, as tinker-cookbook's rl_loop builds one: the
+        prompt's positions get target 0, weight and advantage 0 (so they are not scored, and the trainer can
+        share the prompt's forward pass within a group). `advantages`: one number, or one per completion token."""
+        P, C = len(prompt), len(completion)
+        pad = [0.0] * (P - 1)
+        inputs = {"target_tokens": TensorData([0] * (P - 1) + list(completion), "int64"),
+                  "weights": TensorData(pad + (list(weights) if weights is not None else [1.0] * C))}
+        if logprobs is not None:
+            inputs["logprobs"] = TensorData(pad + list(logprobs))
+        if advantages is not None:
+            adv = [float(advantages)] * C if isinstance(advantages, (int, float)) else list(advantages)
+            inputs["advantages"] = TensorData(pad + adv)
+        return cls(ModelInput.from_ints(list(prompt) + list(completion)[:-1]), inputs)
+
+
+@dataclass
 class SamplingParams:
-    max_tokens: int = 256
-    temperature: float = 1.0      # 0 decodes greedily
+    max_tokens: int | None = None  # None: 256
+    seed: int | None = None        # a fixed seed makes the call's samples independent of what ran before it
+    stop: str | list[str] | list[int] | None = None  # strings, or token ids that end a sample
+    temperature: float = 1.0       # 0 decodes greedily
+    top_k: int = -1                # -1: off
     top_p: float = 1.0
-    top_k: int = -1               # Tinker's "off"
-    seed: int | None = None       # a fixed seed makes the call's samples independent of what ran before it
 
 
-@dataclass(frozen=True)
-class AdamParams:                 # Tinker's defaults; grad_clip_norm 0 = no clipping
+@dataclass
+class AdamParams:                  # Tinker's defaults; grad_clip_norm 0 = no clipping
     learning_rate: float = 1e-4
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-12
-    weight_decay: float = 0.0     # decoupled (AdamW)
+    weight_decay: float = 0.0      # decoupled (AdamW)
     grad_clip_norm: float = 0.0
 
 
-@dataclass
-class Datum:
-    prompt_tokens: list[int]
-    completion_tokens: list[int]
-    logprobs: list[float] | None = None            # the sampler's, one per completion token (RL losses)
-    advantages: float | list[float] = 0.0           # one per sequence, or one per completion token
-    weights: list[float] | None = None              # per completion token; None = all 1
-
+# --- outputs -------------------------------------------------------------------------------------------------
 
 @dataclass
-class SampledSequence:
-    tokens: list[int]             # up to and including the stop token
-    logprobs: list[float]         # log pi_T of each token at the sampling temperature
-    stop_reason: str              # "stop" (an EOS) or "length" (max_tokens)
+class SampledSequence:             # Tinker's fields (minirl's positional order)
+    tokens: list[int]              # up to and including the stop token
+    logprobs: list[float]          # log pi_T of each token, at the sampling temperature
+    stop_reason: str               # "stop" (an EOS or a stop sequence) or "length" (max_tokens)
+    sequence_id: str = ""
     entropy: list[float] = field(default_factory=list)  # of pi_T at each position (a metric, as train.py's)
 
 
 @dataclass
 class SampleResponse:
     sequences: list[SampledSequence]
-    policy_version: int           # optimizer steps applied to the weights that sampled (for staleness checks)
+    prompt_logprobs: list[float | None] | None = None
+    policy_version: int = 0        # optimizer steps applied to the weights that sampled (a minirl extension)
+    type: str = "sample"
 
 
 @dataclass
 class ForwardBackwardOutput:
-    loss: float
-    metrics: dict[str, float] = field(default_factory=dict)
+    loss_fn_output_type: str
+    loss_fn_outputs: list[dict[str, TensorData]]  # per datum: {"logprobs": p_theta of each target token}
+    metrics: dict[str, float] = field(default_factory=dict)  # "loss:sum", and minirl's ratio metrics
+
+    @property
+    def loss(self) -> float:       # a minirl shorthand for metrics["loss:sum"]
+        return self.metrics["loss:sum"]
 
 
-class SessionError(RuntimeError):
-    """An operation failed; raised by .result() naming the operation and the original error."""
+@dataclass
+class OptimStepResponse:
+    metrics: dict[str, float] | None = None
+
+    def __getitem__(self, key: str) -> float:  # optim_step(...).result()["grad_norm"], as a dict
+        return self.metrics[key]
 
 
-# --- futures and the worker ----------------------------------------------------------------------------------
-
-class Future:
-    """The result of a queued operation. .result() first releases held-back `sample` calls (see module doc)."""
-
-    def __init__(self, name: str, worker: "_Worker"):
-        self.name, self._worker, self._future = name, worker, concurrent.futures.Future()
-
-    def result(self, timeout: float | None = None):
-        if threading.current_thread() is self._worker._thread and not self._future.done():
-            # e.g. a forward_backward_custom loss waiting for a sample: the worker would wait for itself forever
-            raise SessionError(f"{self.name}: .result() called inside another operation of the same session, "
-                               "which runs on the thread this result waits for; get results before or after it")
-        self._worker.flush()
-        try:
-            return self._future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            raise
-        except Exception as e:
-            raise SessionError(f"{self.name} failed: {type(e).__name__}: {e}") from e
-
-    def done(self) -> bool:
-        return self._future.done()
+@dataclass
+class SaveWeightsResponse:
+    path: str
+    type: str = "save_weights"
 
 
-class _Worker:
-    """One thread that runs a client's operations in call order, on the client's device, each forward pass in
-    the client's autocast (both are thread-local: the thread enters them itself). Autocast is entered per
-    operation and never around an optimizer step: it caches the low-precision copy of each weight until its
-    context exits, so a forward pass after optim_step in the same context would see stale weights."""
-
-    def __init__(self, device: torch.device, dtype: torch.dtype):
-        self.device, self.dtype = device, dtype
-        self._queue: list = []
-        self._held: list = []   # sample calls not yet queued: (key, future, prompt, run_batch)
-        self._cv = threading.Condition()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="minirl-session")
-        self._thread.start()
-
-    def submit(self, name: str, fn: Callable, *args, autocast: bool = True) -> Future:
-        self.flush()
-        fut = Future(name, self)
-        self._put([fut], lambda: [fn(*args)], autocast)
-        return fut
-
-    def submit_sample(self, key: tuple, prompt: list[int], run_batch: Callable) -> Future:
-        fut = Future("sample", self)
-        with self._cv:
-            self._held.append((key, fut, prompt, run_batch))
-        return fut
-
-    def flush(self) -> None:
-        """Queue the held sample calls, one batch per distinct key, in order of first appearance."""
-        with self._cv:
-            held, self._held = self._held, []
-        batches: dict[tuple, list] = {}
-        for item in held:
-            batches.setdefault(item[0], []).append(item)
-        for items in batches.values():
-            prompts, run_batch = [p for _, _, p, _ in items], items[0][3]
-            self._put([f for _, f, _, _ in items], lambda prompts=prompts, run_batch=run_batch: run_batch(prompts))
-
-    def _put(self, futures: list[Future], fn: Callable | None, autocast: bool = True) -> None:
-        with self._cv:
-            self._queue.append((futures, fn, autocast))
-            self._cv.notify()
-
-    def _run(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        while True:
-            with self._cv:
-                self._cv.wait_for(lambda: self._queue)
-                futures, fn, low_precision = self._queue.pop(0)
-            if fn is None:
-                return
-            try:
-                with autocast(self.device, self.dtype if low_precision else torch.float32):
-                    results = fn()
-                for f, r in zip(futures, results):
-                    f._future.set_result(r)
-            except BaseException as e:  # surfaces at .result(), naming the operation
-                for f in futures:
-                    f._future.set_exception(e)
-
-    def stop(self) -> None:
-        self.flush()
-        self._put([], None)
-        self._thread.join()
+@dataclass
+class SaveWeightsForSamplerResponse:
+    path: str
+    type: str = "save_weights_for_sampler"
 
 
-# --- batches from datums -------------------------------------------------------------------------------------
-
-def collate(datums: list[Datum], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """The layout update.forward_backward takes (rollout.py's): prompts left-padded, completions right-padded.
-    response_mask carries the weights; attention covers every real token, weight 0 or not."""
-    N, P, R = len(datums), max(len(d.prompt_tokens) for d in datums), max(len(d.completion_tokens) for d in datums)
-    ids = torch.full((N, P + R), pad_id, dtype=torch.long)
-    attn = torch.zeros(N, P + R, dtype=torch.long)
-    weights, old_logp, adv = torch.zeros(N, R), torch.zeros(N, R), torch.zeros(N, R)
-    for i, d in enumerate(datums):
-        p, c = len(d.prompt_tokens), len(d.completion_tokens)
-        ids[i, P - p:P + c] = torch.tensor(d.prompt_tokens + d.completion_tokens, dtype=torch.long)
-        attn[i, P - p:P + c] = 1
-        weights[i, :c] = torch.tensor(d.weights, dtype=torch.float32) if d.weights is not None else 1.0
-        if d.logprobs is not None:
-            old_logp[i, :c] = torch.tensor(d.logprobs, dtype=torch.float32)
-        adv[i, :c] = torch.tensor(d.advantages, dtype=torch.float32)
-    scalar = all(isinstance(d.advantages, (int, float)) for d in datums)  # (N,), exactly as train.py passes them
-    batch = {"input_ids": ids, "attention_mask": attn, "response_mask": weights, "old_logp": old_logp,
-             "advantages": adv[:, 0] if scalar else adv}
-    return {k: v.to(device) for k, v in batch.items()}
+@dataclass
+class LoadWeightsResponse:
+    path: str | None = None
+    type: str = "load_weights"
 
 
-LOSS_FNS = ("cross_entropy", "importance_sampling", "ppo", "cispo")
+@dataclass
+class ModelData:
+    arch: str | None = None
+    model_name: str | None = None
+    tokenizer_id: str | None = None
+
+
+@dataclass
+class GetInfoResponse:
+    model_data: ModelData
+    model_id: str
+    is_lora: bool | None = None
+    lora_rank: int | None = None
+    model_name: str | None = None
+    type: str = "get_info"
+
+
+# --- reading the SDK's objects as well as ours ----------------------------------------------------------------
+
+def tokens_of(x) -> list[int]:
+    """A ModelInput (ours or the SDK's) or a plain token list, as ints."""
+    if hasattr(x, "to_ints"):
+        return list(x.to_ints())
+    if hasattr(x, "chunks"):
+        return [t for c in x.chunks for t in c.tokens]
+    return [int(t) for t in x]
+
+
+def tensor_of(x) -> torch.Tensor:
+    """A TensorData (ours or the SDK's), a tensor, an array or a list, as a flat tensor."""
+    if hasattr(x, "to_torch"):
+        x = x.to_torch()
+    return torch.as_tensor(x).reshape(-1)
+
+
+def sampling_params_of(p) -> SamplingParams:
+    """Ours, the SDK's (pydantic) or None, as ours."""
+    if p is None:
+        return SamplingParams()
+    if isinstance(p, SamplingParams):
+        return p
+    stop = getattr(p, "stop", None)
+    return SamplingParams(p.max_tokens, p.seed, list(stop) if isinstance(stop, (list, tuple)) else stop,
+                          float(p.temperature), int(p.top_k), float(p.top_p))
+
+
+def adam_params_of(p) -> AdamParams:
+    if p is None:
+        return AdamParams()
+    if type(p).__name__ != "AdamParams":
+        raise TypeError(f"optim_step takes AdamParams (minirl's or tinker's), not {type(p).__name__}")
+    return AdamParams(p.learning_rate, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_clip_norm)
+
+
+def collate(datums: list, pad_id: int, device) -> dict[str, torch.Tensor]:
+    """The trainer's batch layout of datums (minirl/sessions/batches.py), with the weights as response_mask."""
+    from minirl.sessions.batches import collate as collate_datums
+    batch = collate_datums(datums, "cross_entropy", pad_id, torch.device(device))
+    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
+            "response_mask": batch["weights"]}

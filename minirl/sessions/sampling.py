@@ -1,0 +1,123 @@
+"""The sessions API's SamplingClient (Tinker's): `sample` and `compute_logprobs` on a model, as thin wrappers
+over `rollout.sample` and `logprobs.batched_logprobs`.
+
+`sample` calls submitted together run as one `generate` where their parameters agree (the worker's batching,
+minirl/sessions/worker.py). Each sampled token's log-prob is the trainer's own teacher-forced log-prob of pi_T
+at the sampling temperature (what train.py's prepare_batch computes as old_logp), so on-policy ratios are 1.
+
+Shapes: N = B*G sequences, P prompt tokens (left-padded), R completion tokens (right-padded).
+"""
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable
+
+import torch
+
+from minirl.logprobs import batched_logprobs
+from minirl.models import adapter_disabled
+from minirl.rollout import eos_token_ids, sample
+from minirl.sessions.types import SampledSequence, SampleResponse, SamplingParams, sampling_params_of, tokens_of
+from minirl.sessions.worker import Future, _Worker, add_async_variants
+
+
+class SamplingClient:
+    """Samples from, and scores with, a model. From a training client it shares that client's worker, so its
+    calls run in order with training calls; `use_adapter=False` runs the LoRA base model (the reference of KL
+    penalties, DPO and KTO) without a second copy."""
+
+    def __init__(self, model, tokenizer, worker: _Worker, version: Callable[[], int], micro_batch_size: int = 32,
+                 use_adapter: bool = True, owner=None):
+        self.model, self.tokenizer, self._worker, self._version = model, tokenizer, worker, version
+        self.micro_batch_size, self.use_adapter, self._owner = micro_batch_size, use_adapter, owner
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def get_base_model(self) -> str:
+        return getattr(self.model.config, "_name_or_path", "")
+
+    def _adapter(self):
+        return contextlib.nullcontext() if self.use_adapter else adapter_disabled(self.model)
+
+    def sample(self, prompt, num_samples: int = 1, sampling_params=None, include_prompt_logprobs: bool = False,
+               topk_prompt_logprobs: int = 0, topk_sample_logprobs: int = 0, **unsupported) -> Future:
+        """num_samples completions of `prompt` (a ModelInput, the SDK's, or a token list)."""
+        if topk_prompt_logprobs or topk_sample_logprobs or any(unsupported.values()):
+            raise ValueError("top-k log-probs, target_prompt_logprobs and prompt_alt_tokens are not supported")
+        params = sampling_params_of(sampling_params)
+        stop = self._stop_strings(params.stop)
+        if self._owner is not None and params.temperature > 0:
+            self._owner.sampled_temperatures.add(float(params.temperature))
+        # calls that agree run as one generate; a seeded call runs alone, so that its samples depend on its seed
+        # only, not on which calls arrived with it (over HTTP that is a race)
+        alone = object() if params.seed is not None else None
+        key = (id(self), num_samples, params.max_tokens, params.temperature, params.top_p, params.top_k,
+               params.seed, tuple(stop), include_prompt_logprobs, alone)
+        run = lambda prompts: self._sample_batch(prompts, num_samples, params, stop, include_prompt_logprobs)  # noqa: E731
+        return self._worker.submit_sample(key, tokens_of(prompt), run)
+
+    def _stop_strings(self, stop) -> list[str]:
+        if stop is None:
+            return []
+        stop = [stop] if isinstance(stop, (str, int)) else list(stop)
+        eos = set(eos_token_ids(self.tokenizer, self.model))
+        if any(isinstance(s, int) and s not in eos for s in stop):
+            raise ValueError(f"stop token ids other than EOS {sorted(eos)} are not supported; pass stop strings")
+        return [s for s in stop if isinstance(s, str)]
+
+    def _sample_batch(self, prompts: list[list[int]], G: int, params: SamplingParams, stop: list[str],
+                      with_prompt_logprobs: bool) -> list[SampleResponse]:
+        """One generate for all prompts (rollout.sample), then the sampled tokens' log-probs at the sampling
+        temperature from the trainer's forward pass, with the entropy (exactly as train.py's prepare_batch)."""
+        T, greedy = params.temperature or 1.0, params.temperature == 0
+        devices = [self._worker.device] if self._worker.device.type == "cuda" else []
+        with self._adapter(), torch.random.fork_rng(devices=devices, enabled=params.seed is not None):
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            rollout = sample(self.model, self.tokenizer, prompts, G, params.max_tokens or 256, T, params.top_p,
+                             max(params.top_k, 0), greedy=greedy, stop=stop or None)
+            R = rollout.response_ids.shape[1]
+            logp, entropy = batched_logprobs(self.model, rollout.input_ids, rollout.attention_mask, R,
+                                             self.micro_batch_size, T, with_entropy=True)              # (N, R)
+        lengths, version = rollout.response_mask.sum(1).tolist(), self._version()
+        seqs = [SampledSequence(rollout.response_ids[i, :n].tolist(), logp[i, :n].tolist(),
+                                "length" if rollout.truncated[i] else "stop", uuid.uuid4().hex, entropy[i, :n].tolist())
+                for i, n in enumerate(lengths)]
+        prompt_logprobs = self._compute_logprobs(prompts) if with_prompt_logprobs else [None] * len(prompts)
+        return [SampleResponse(seqs[b * G:(b + 1) * G], prompt_logprobs[b], version) for b in range(len(prompts))]
+
+    def compute_logprobs(self, prompt, prompt_logprobs_last_n: int | None = None) -> Future:
+        """log p(token_t | tokens_<t) of each token (temperature 1); the first is None. A list of sequences
+        gives a list of such lists (minirl)."""
+        if prompt_logprobs_last_n is not None:
+            raise ValueError("prompt_logprobs_last_n is not supported")
+        many = isinstance(prompt, (list, tuple)) and len(prompt) > 0 and not isinstance(prompt[0], int)
+        sequences = [tokens_of(p) for p in prompt] if many else [tokens_of(prompt)]
+        fut = self._worker.submit("compute_logprobs", self._compute_logprobs, sequences)
+        if many:
+            return fut
+        one = Future("compute_logprobs", self._worker)
+        fut._future.add_done_callback(lambda f: one._future.set_exception(f.exception()) if f.exception()
+                                      else one._future.set_result(f.result()[0]))
+        return one
+
+    def _compute_logprobs(self, sequences: list[list[int]]) -> list[list[float | None]]:
+        """Each sequence as a one-token "prompt" and the rest as its response, in the rollout layout."""
+        R = max(len(s) for s in sequences) - 1
+        if R < 1:
+            return [[None] * len(s) for s in sequences]
+        pad = self.tokenizer.pad_token_id
+        ids = torch.full((len(sequences), 1 + R), pad, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for i, s in enumerate(sequences):
+            ids[i, :len(s)] = torch.tensor(s, dtype=torch.long)
+            attn[i, :len(s)] = 1
+        device = self._worker.device
+        with self._adapter():
+            logp, _ = batched_logprobs(self.model, ids.to(device), attn.to(device), R, self.micro_batch_size)
+        return [[None] + logp[i, :len(s) - 1].tolist() for i, s in enumerate(sequences)]
+
+
+add_async_variants(SamplingClient, plain=[], creating=["sample", "compute_logprobs"])
