@@ -45,7 +45,7 @@ from minirl.logprobs import batched_logprobs
 from minirl.judge import Judge
 from minirl.rewards import is_code, load_reward_fn, overlong_penalty, score
 from minirl.rollout import Rollout, concat_rollouts, sample, select_groups
-from minirl.update import LossSettings, forward_backward, optim_step, warmup_constant_schedule
+from minirl.update import LossSettings, forward_backward, minibatch_slices, optim_step, warmup_constant_schedule
 
 
 @torch.no_grad()
@@ -190,11 +190,12 @@ def update(policy, critic, optimizer, scheduler, critic_optimizer, batch: dict[s
     Autocast is entered around each forward_backward and never around an optimizer step: autocast caches the
     bf16 copy of each weight until its context exits, so a later mini-batch would otherwise run on stale weights."""
     N, device, world = batch["input_ids"].shape[0], batch["input_ids"].device, world_size()
-    mini = max(N // cfg.mini_batches, cfg.group_size)
+    steps = minibatch_slices(N // cfg.group_size, cfg.group_size, cfg.mini_batches)  # whole groups each
     actor, critic_rows = [], []
-    for _ in range(cfg.ppo_epochs):
-        for s in range(0, N, mini):
-            mb = {k: v[s:s + mini] for k, v in batch.items()}
+    for epoch in range(cfg.ppo_epochs):
+        for i, rows in enumerate(steps):
+            mb = {k: v[rows] for k, v in batch.items()}
+            last = epoch == cfg.ppo_epochs - 1 and i == len(steps) - 1  # the LR schedule advances once per step
             counts = all_reduce_sum(torch.tensor([float(mb["response_mask"].sum()), float(len(mb["input_ids"]))],
                                                  device=device))
             num_tokens, num_seqs = max(float(counts[0]), 1.0), float(counts[1])
@@ -204,7 +205,8 @@ def update(policy, critic, optimizer, scheduler, critic_optimizer, batch: dict[s
                 row = sum_over_processes(forward_backward(policy, mb, loss_settings, mbs, num_tokens, num_seqs,
                                                           loss_scale=world if is_sharded(policy) else 1.0))
             sum_gradients_across_processes(policy)
-            actor.append({**row, "grad_norm": optim_step(policy, optimizer, scheduler, cfg.max_grad_norm), "lr": lr})
+            grad_norm = optim_step(policy, optimizer, scheduler if last else None, cfg.max_grad_norm)
+            actor.append({**row, "grad_norm": grad_norm, "lr": lr})
             if critic is not None:
                 with autocast(device, dtype):
                     row = sum_over_processes(critic_forward_backward(critic, mb, mbs, num_tokens, cfg.value_clip))
@@ -240,7 +242,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     tokenizer = load_tokenizer(path)
     lora = dict(rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
                 target_modules=cfg.lora_target_modules) if cfg.lora_rank > 0 else None
-    policy = build_policy(path, device, dtype, attn, lora, cfg.gradient_checkpointing, cfg.load_in_bits, cfg.seed)
+    policy = build_policy(path, device, dtype, attn, lora, cfg.gradient_checkpointing, cfg.load_in_bits, cfg.seed,
+                          keep_dropout=cfg.keep_dropout)
     if lora:
         broadcast_parameters(p for p in policy.parameters() if p.requires_grad)  # the same adapter everywhere
     if cfg.fsdp and world > 1:
@@ -254,7 +257,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     critic = None
     if cfg.algorithm == "ppo":
         critic = load_critic(resolve_model_path(cfg.critic_model_path) if cfg.critic_model_path else path,
-                             torch.float32, attn, cfg.gradient_checkpointing, device)
+                             torch.float32, attn, cfg.gradient_checkpointing, device, cfg.keep_dropout)
         critic.train()
 
     train_rows = load_rows(cfg.train_files, split="train")
@@ -275,7 +278,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     trainable = [p for p in policy.parameters() if p.requires_grad]  # with LoRA: the adapter only
     optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                   betas=(cfg.adam_beta1, cfg.adam_beta2))
-    scheduler = warmup_constant_schedule(optimizer, cfg.warmup_steps * cfg.ppo_epochs * cfg.mini_batches)
+    scheduler = warmup_constant_schedule(optimizer, cfg.warmup_steps)  # in training steps, however many updates
     critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, weight_decay=cfg.weight_decay,
                                          betas=(cfg.adam_beta1, cfg.adam_beta2)) if critic is not None else None
     loss_settings = LossSettings.from_config(cfg)
