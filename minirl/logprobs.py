@@ -96,6 +96,9 @@ def check_exact(model, tolerance: float | None = None) -> None:
     try:
         ours = token_logprobs(model, ids, mask, 4)[0]
         theirs = reference_logprobs(model, ids, mask, 4)
+    except Exception as e:  # noqa: BLE001  (a body that takes no position_ids, no decoder, ...)
+        raise InexactModelError(f"minirl cannot run its forward pass on {name}: {type(e).__name__}: {e}; see "
+                                "docs/architectures.md") from e
     finally:
         model.train(was_training)
     tolerance = tolerance or (1e-4 if dtype == torch.float32 else 2e-2)
@@ -182,7 +185,7 @@ def states_before_responses(model, input_ids: torch.Tensor, attention_mask: torc
     unique = first.nonzero().squeeze(1)                    # (U,) the row each distinct prompt is taken from
     out = decoder(input_ids=prompt[unique], attention_mask=prompt_mask[unique], position_ids=positions[unique, :P],
                   use_cache=True)
-    cache = out.past_key_values
+    cache = getattr(out, "past_key_values", None)          # a recurrent model (Mamba) may return none
     if not _plain_attention_cache(cache):
         return states_before_responses(model, input_ids, attention_mask, R, share_prompts=False)
     cache.reorder_cache(owner)                             # (U, ...) -> (N, ...): each row gets its prompt's K, V

@@ -65,21 +65,22 @@ class RolloutPool:
         return Group(ticket, problem, episodes, version)
 
     def _work(self) -> None:
-        while True:
-            with self._cv:
-                self._cv.wait_for(lambda: self.stopped or self._may_start())
-                if self.stopped:
-                    return
-                ticket, problem = self._take()
-            try:
-                group = self._run(ticket, problem)
-            except BaseException as e:  # noqa: BLE001  (re-raised in the trainer's thread by next_group)
+        """Start groups while the throttle allows. Any exception (in the problem stream, in run_group) is kept
+        for the trainer, whose next_group raises it, and stops every worker: nothing waits on a dead thread."""
+        try:
+            while True:
                 with self._cv:
-                    self.errors.append(e)
+                    self._cv.wait_for(lambda: self.stopped or self.errors or self._may_start())
+                    if self.stopped or self.errors:
+                        return
+                    ticket, problem = self._take()
+                group = self._run(ticket, problem)
+                with self._cv:
+                    self.finished[ticket] = group
                     self._cv.notify_all()
-                return
+        except BaseException as e:  # noqa: BLE001  (raised again in the trainer's thread by next_group)
             with self._cv:
-                self.finished[ticket] = group
+                self.errors.append(e)
                 self._cv.notify_all()
 
     # -- the trainer
@@ -94,8 +95,8 @@ class RolloutPool:
                 for t in self._threads:
                     t.start()
             self._cv.wait_for(lambda: self.errors or self.next_ticket in self.finished)
-            if self.errors:
-                raise RuntimeError("a rollout worker failed") from self.errors[0]
+            if self.next_ticket not in self.finished:  # the run ends with a worker's own error and traceback
+                raise self.errors[0]
             self.next_ticket += 1
             return self.finished.pop(self.next_ticket - 1)
 

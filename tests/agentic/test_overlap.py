@@ -106,3 +106,56 @@ def test_code_rl_runs_the_code_task_end_to_end_with_overlap(tiny_path, tmp_path,
     assert len(out) == 3
     assert all(h["async/staleness/max"] <= 2 and h["turns"] >= 1 for h in out)
     assert all(-0.1 <= h["reward"] <= 1.0 for h in out)
+
+
+def run_pool_until_it_fails(next_problem, run_group, workers: int) -> tuple[list, BaseException | None]:
+    """Train steps of B=2 groups until the pool raises; in a thread with a timeout, so a hang fails the test."""
+    import threading
+    trained, raised = [], []
+
+    def train():
+        pool = RolloutPool(run_group, next_problem, groups_per_step=2, max_steps_off_policy=100, num_workers=workers)
+        try:
+            for step in range(100):
+                for group in pool.fresh_groups(step):
+                    trained.append(group.problem)
+                pool.set_policy(step + 1)
+        except BaseException as e:  # noqa: BLE001
+            raised.append(e)
+        finally:
+            pool.close()
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    thread.join(timeout=20)
+    assert not thread.is_alive(), "the trainer hung on a dead rollout worker"
+    return trained, raised[0] if raised else None
+
+
+def caused_by(error: BaseException | None, kind: type) -> bool:
+    while error is not None and not isinstance(error, kind):
+        error = error.__cause__ or error.__context__
+    return error is not None
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_finite_problem_stream_ends_the_run_with_its_error_instead_of_hanging(workers):
+    """next_problem() raising in a worker (the stream ran out) reaches the trainer; the groups before it train."""
+    stream = iter(range(5))
+    trained, error = run_pool_until_it_fails(lambda: next(stream), lambda problem, seed: ([problem], 0), workers)
+    assert caused_by(error, StopIteration)            # a generator turns StopIteration into a RuntimeError
+    assert trained == [0, 1, 2, 3, 4]                  # every group before the end trains, in order
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("where", ["next_problem", "run_group"])
+def test_a_bad_row_ends_the_run_with_the_original_error(workers, where):
+    rows = iter([{"prompt": "a"}, {"prompt": "b"}, {"no prompt": 1}] + [{"prompt": "c"}] * 100)
+
+    def next_problem():
+        row = next(rows)
+        return row["prompt"] if where == "next_problem" else row
+
+    def run_group(problem, seed):
+        return [problem if where == "next_problem" else problem["prompt"]], 0
+    _, error = run_pool_until_it_fails(next_problem, run_group, workers)
+    assert isinstance(error, KeyError) and "prompt" in str(error)
