@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
     lora = dict(rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
                 target_modules=cfg.lora_target_modules) if cfg.lora_rank > 0 else None
     policy = build_policy(path, device, dtype, attn, lora, cfg.gradient_checkpointing, cfg.load_in_bits,
-                          cfg.seed)
+                          cfg.seed, keep_dropout=cfg.keep_dropout)
     if lora:
         broadcast_parameters(p for p in policy.parameters() if p.requires_grad)  # the same adapter everywhere
     if cfg.fsdp and world > 1:
@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None) -> dict:
     # the KL reference: a frozen copy, or with LoRA the policy with its adapter switched off (no second copy)
     ref_model = load_reference(path, dtype, attn, device) if cfg.kl_coef > 0 and cfg.lora_rank == 0 else None
     critic = load_critic(resolve_model_path(cfg.critic_model_path or path), torch.float32, attn,
-                         cfg.gradient_checkpointing, device).train() if cfg.algorithm == "ppo" else None
+                         cfg.gradient_checkpointing, device, cfg.keep_dropout).train() \
+        if cfg.algorithm == "ppo" else None
 
     train_rows = drop_long_prompts(load_rows(cfg.train_files, split="train"), tokenizer, cfg.max_prompt_length,
                                    log=accelerator.print)

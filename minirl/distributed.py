@@ -62,9 +62,12 @@ def global_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 def global_counts(mask: torch.Tensor) -> tuple[float, float]:
-    """(response tokens, sequences) of a mask (N, R) over all processes: the loss's normalisers, so that each
-    process's share of the gradient sums to the whole batch's (loss.aggregate's num_tokens, num_seqs)."""
-    counts = global_sum(torch.tensor([float(mask.sum()), float(mask.shape[0])], dtype=torch.float64,
+    """(response tokens, sequences with at least one) of a mask (N, R) over all processes: the loss's
+    normalisers, so that each process's share of the gradient sums to the whole batch's (loss.aggregate's
+    num_tokens, num_seqs). Rows without a token (dynamic sampling's padding groups, masked truncations) are
+    no sequence of the batch, as in verl's agg_loss: otherwise the seq-mean losses would depend on how many
+    padding groups the processes happened to add."""
+    counts = global_sum(torch.tensor([float(mask.sum()), float((mask.sum(-1) > 0).sum())], dtype=torch.float64,
                                      device=mask.device))
     return max(float(counts[0]), 1.0), float(counts[1])
 

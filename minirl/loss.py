@@ -140,7 +140,7 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", 
     seq_sum = (loss * mask).sum(dim=-1)                                    # (N,)
     if mode == "seq-mean-token-sum-norm":
         return seq_sum.sum() / float(max_len if max_len is not None else loss.shape[-1])
-    denom = loss.shape[0] if num_seqs is None else num_seqs
+    denom = float((mask.sum(-1) > 0).sum()) if num_seqs is None else num_seqs  # rows without a token: none
     if mode == "seq-mean-token-mean":
         return (seq_sum / mask.sum(dim=-1).clamp(min=1)).sum() / max(float(denom), 1.0)
     if mode == "seq-mean-token-sum":

@@ -72,10 +72,13 @@ def compute_advantages(cfg, rewards: torch.Tensor, batch: dict[str, torch.Tensor
 
 def mini_batches(batch: dict[str, torch.Tensor], count: int, group_size: int) -> list[dict[str, torch.Tensor]]:
     """One optimizer step's share of the batch each: `count` contiguous slices of whole groups (the rows of a
-    group are adjacent), at least one group each."""
-    N = batch["input_ids"].shape[0]
-    size = max(N // count, group_size)
-    return [{k: v[s:s + size] for k, v in batch.items()} for s in range(0, N, size)]
+    group are adjacent), as equal as whole groups allow (dynamic sampling may keep any number of groups), at
+    least one group each (fewer slices when there are fewer groups than `count`)."""
+    groups = batch["input_ids"].shape[0] // group_size
+    count = max(1, min(count, groups))
+    ends = [group_size * (groups * (i + 1) // count) for i in range(count)]   # group boundaries, in rows
+    ends[-1] = batch["input_ids"].shape[0]                                      # every row, whatever N is
+    return [{k: v[s:e] for k, v in batch.items()} for s, e in zip([0] + ends[:-1], ends)]
 
 
 def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, micro_batch_size: int,
