@@ -91,15 +91,18 @@ def update(model, optimizer, scheduler, batch: dict[str, torch.Tensor], cfg: Con
     Autocast is entered around each step_fn and never around an optimizer step: autocast caches the bf16
     copy of each weight until its context exits, so a later mini-batch would otherwise run on stale weights."""
     rows, device = [], batch["input_ids"].device
-    for _ in range(cfg.ppo_epochs):
-        for mb in mini_batches(batch, cfg.mini_batches, cfg.group_size):
+    steps = mini_batches(batch, cfg.mini_batches, cfg.group_size)
+    for epoch in range(cfg.ppo_epochs):
+        for i, mb in enumerate(steps):
+            last = epoch == cfg.ppo_epochs - 1 and i == len(steps) - 1  # the LR schedule: once per training step
             lr = optimizer.param_groups[0]["lr"]  # the rate this optimizer step uses
             num_tokens, num_seqs = global_counts(mb["response_mask"])  # the loss's normalisers
             with autocast(device, dtype):
                 row = sum_over_processes(step_fn(mb, num_tokens=num_tokens, num_seqs=num_seqs,
                                                  micro_batch_size=micro_batch_size))
             sum_gradients_across_processes(model)
-            rows.append({**row, "grad_norm": optim_step(model, optimizer, scheduler, cfg.max_grad_norm),
+            rows.append({**row, "grad_norm": optim_step(model, optimizer, scheduler if last else None,
+                                                                     cfg.max_grad_norm),
                          "lr": lr})
     return {f"{prefix}/{k}": rows[-1][k] if k == "lr" else sum(r[k] for r in rows) / len(rows) for k in rows[0]}
 
@@ -182,7 +185,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     adam = dict(weight_decay=cfg.weight_decay, betas=(cfg.adam_beta1, cfg.adam_beta2))
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr, **adam)
-    scheduler = warmup_constant_schedule(optimizer, cfg.warmup_steps * cfg.ppo_epochs * cfg.mini_batches)
+    scheduler = warmup_constant_schedule(optimizer, cfg.warmup_steps)
     critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, **adam) if critic else None
     # one mini-batch's gradients: (mb, num_tokens, num_seqs) -> this process's share of the metrics
     actor_step = functools.partial(forward_backward, policy, loss=LossSettings.from_config(cfg))

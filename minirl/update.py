@@ -155,14 +155,3 @@ def warmup_constant_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int
     train.py steps it once per training step, as verl does, however many optimizer steps that one takes)."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0)
-
-
-def minibatch_slices(num_groups: int, group_size: int, mini_batches: int) -> list[slice]:
-    """The rows of each optimizer step in one pass over a batch of `num_groups` groups of `group_size` rows:
-    `mini_batches` steps of whole groups (a group's advantages are relative to each other: split across steps,
-    its rows would train on different weights), as even as can be; fewer steps when there are fewer groups
-    (dynamic sampling may keep fewer than prompts_per_step)."""
-    steps = max(1, min(mini_batches, num_groups))
-    size, extra = divmod(num_groups, steps)
-    ends = [(i + 1) * size + min(i + 1, extra) for i in range(steps)]     # the first `extra` take one more
-    return [slice(start * group_size, end * group_size) for start, end in zip([0] + ends, ends)]
