@@ -110,9 +110,7 @@ def sample(model, tokenizer, prompts: list[str] | list[list[int]], group_size: i
     """Generate `group_size` completions for each prompt: strings (chat template already applied) or token
     lists (the sessions API's prompts, minirl/sessions/client.py), left-padded the same way. A row ends at its
     first EOS or, with `stop`, at the token that completes a stop string (kept in the response, as an EOS is)."""
-    device = next(model.parameters()).device
-    enc = (tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-           if isinstance(prompts[0], str) else tokenizer.pad({"input_ids": prompts}, return_tensors="pt")).to(device)
+    enc = encode_prompts(tokenizer, prompts, next(model.parameters()).device)
     prompt_ids = enc.input_ids.repeat_interleave(group_size, dim=0)                               # (N, P)
     prompt_mask = enc.attention_mask.repeat_interleave(group_size, dim=0)
     eos_ids = eos_token_ids(tokenizer, model)
@@ -131,11 +129,23 @@ def sample(model, tokenizer, prompts: list[str] | list[list[int]], group_size: i
                                      [] if greedy else sampling_processors(temperature, top_p, top_k), stop)
     finally:
         model.train(was_training)
+    return make_rollout(tokenizer, prompt_ids, prompt_mask, response_ids, eos_ids, group_size, stop)
+
+
+def encode_prompts(tokenizer, prompts: list[str] | list[list[int]], device):
+    """Strings (chat template applied) or token lists, left-padded: .input_ids, .attention_mask (B, P)."""
+    return (tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+            if isinstance(prompts[0], str) else tokenizer.pad({"input_ids": prompts}, return_tensors="pt")).to(device)
+
+
+def make_rollout(tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor,
+                 eos_ids: list[int], group_size: int, stop: list[str] | None = None) -> Rollout:
+    """The Rollout of generated (N, R') response ids: each row ends at its first EOS or stop string, padding
+    after it (whatever an engine put there), its text decoded."""
     mask, truncated = response_mask_from_ids(response_ids, eos_ids)
     if stop:
         mask, truncated = _mask_after_stop(response_ids, mask, truncated, tokenizer, stop)
     response_ids = response_ids.masked_fill(mask == 0, tokenizer.pad_token_id)
-    # rows that ended early were padded; the mask above already covers them
     texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
     return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=mask,
                    truncated=truncated, texts=texts, group_size=group_size)
