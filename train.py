@@ -36,7 +36,7 @@ from minirl.data import load_rows, prompt_indices, prompt_text
 from minirl.distributed import (all_reduce_max, all_reduce_min, all_reduce_sum, broadcast_parameters,
                                 full_state_dict, gathered, is_sharded, shard, shutdown, sum_gradients_across_processes,
                                 sum_over_processes, world_size)
-from minirl.engines import vllm_engine
+from minirl.engines.vllm_engine import engine_for
 from minirl.evaluate import evaluate
 from minirl.critic import critic_forward_backward, critic_values, load_critic
 from minirl.loss import gae, group_advantages, kl_penalty, outcome_token_rewards, whiten
@@ -75,7 +75,7 @@ def sample_round(policy, tokenizer, rows: list[dict], cfg: Config, judge=None) -
     G = cfg.group_size
     t0 = time.perf_counter()
     with gathered(policy):  # FSDP: full weights once per rollout, not per token
-        generate = sample if cfg.rollout_engine == "hf" else vllm_engine(cfg).sample  # minirl/engines/vllm_engine.py
+        generate = sample if cfg.rollout_engine == "hf" else engine_for(cfg).sample  # vLLM: minirl/engines
         rollout = generate(policy, tokenizer, [prompt_text(r, tokenizer) for r in rows], G, cfg.max_new_tokens,
                            cfg.temperature, cfg.top_p, cfg.top_k)
     t1 = time.perf_counter()

@@ -152,13 +152,16 @@ def merged_state_dict(model) -> dict[str, torch.Tensor]:
 _ENGINES: dict[tuple, VLLMEngine] = {}
 
 
-def engine_for(cfg, rank: int = 0) -> VLLMEngine:
-    """The run's engine, started on first use and closed at exit (train.py asks for it at every rollout)."""
+def engine_for(cfg) -> VLLMEngine:
+    """This process's engine for the run, started on first use and closed at exit (train.py asks for it at
+    every rollout): its .sample has rollout.sample's signature."""
     import atexit
 
     from transformers import AutoConfig
 
+    from minirl.distributed import rank as process_rank
     from minirl.models import resolve_model_path
+    rank = process_rank()
     key = (cfg.model_name_or_path, cfg.vllm_python, cfg.vllm_url, cfg.seed, rank)
     if key not in _ENGINES:
         path = resolve_model_path(cfg.model_name_or_path)

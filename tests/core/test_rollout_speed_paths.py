@@ -146,3 +146,20 @@ def test_models_the_loop_cannot_take_go_to_generate(monkeypatch, random_model, t
     assert calls == [1]
     torch.manual_seed(0)
     assert rollout.sample(random_model, tiny_tokenizer, PROMPTS, 2, 6).texts == a.texts
+
+
+def test_decode_loop_is_exact_on_fsdps_gathered_model(tmp_path):
+    """2 processes (torchrun, gloo): under FSDP's gathered weights the loop samples what generate samples."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    out = tmp_path / "rollouts.pt"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(ROOT / "tests" / "core" / "dist_rollout_worker.py"), str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = torch.load(out)
+    assert torch.equal(got["loop"], got["generate"]) and got["loop"].shape == (6, 10)
