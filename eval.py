@@ -7,8 +7,9 @@
 --model: any folder `save_pretrained` wrote (full model, merged LoRA, or a LoRA adapter on its base).
 --data: prepared rows (GSM8K, MATH, code), a raw GSM8K or MATH file (recognised by its fields), or SimpleRL
 custom rows {"instruction", "expected_output"}. Writes OUT/samples.jsonl (one row per completion) and
-OUT/summary.json, and prints a table. --n > 1 without --temperature samples at 0.6 (SAMPLING_TEMPERATURE). The scoring is minirl.evaluate.evaluate, the function train.py's
-validation calls, with the same rewards and the same sandboxed judge for code.
+OUT/summary.json, and prints a table. --n > 1 without --temperature samples at 0.6 (SAMPLING_TEMPERATURE).
+The scoring is minirl.evaluate.evaluate, the function train.py's held-out evaluation calls, with the same
+scorer (minirl.rewards.Scorer) and the same sandboxed judge for code.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from minirl.cli import exit_on_user_error
 from minirl.data import load_rows
 from minirl.evaluate import evaluate, summarize
 from minirl.models import load_model, load_tokenizer, pick_attn_implementation, pick_dtype, resolve_model_path
-from minirl.rewards import is_code
+from minirl.rewards import Scorer, is_code
 
 
 # pass@k with several samples: DeepSeek-R1's evaluation samples at 0.6 (its report, sec. 3); veRL's
@@ -88,15 +89,15 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     model = load_model(path, pick_dtype("auto", device), pick_attn_implementation("auto")).to(device).eval()
     rows = load_rows(args.data, split="test", limit=args.limit)
     judge = None
-    if any(is_code(r) for r in rows):
+    if any(is_code(r) for r in rows):  # the sandboxed judge pool, only when there are code problems
         from minirl.judge import Judge
         judge = Judge(args.judge_workers or None)
+    scorer = Scorer(judge, args.code_reward_style, args.answer_extraction)  # training's rewards, eval's options
     greedy = args.temperature == 0
     with tqdm(total=len(rows), desc="generate + score", dynamic_ncols=True) as bar:
         records = evaluate(model, tokenizer, rows, n=args.n, greedy=greedy, temperature=args.temperature or 1.0,
                            top_p=args.top_p, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                           progress=bar.update, judge=judge, code_style=args.code_reward_style,
-                           extraction=args.answer_extraction)
+                           progress=bar.update, scorer=scorer)
     if judge is not None:
         judge.close()
     summary = summarize(records, args.ks, greedy=greedy)

@@ -10,8 +10,8 @@ checkpoints are kept.
 Resuming restores all of it, so a run killed after step k and resumed gives the same metrics and weights as
 one that never stopped (tests/test_checkpoint.py checks this bit for bit).
 
-`save` and `resume` are what train.py calls (with its accelerate Accelerator, for ranks and barriers); the
-functions below them do one part each.
+`save`, `resume` and `save_final` are what train.py calls (with its accelerate Accelerator, for ranks and
+barriers); the functions below them do one part each.
 """
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ def save(accelerator, cfg, step: int, position: int, policy, optimizer, schedule
     accelerator.wait_for_everyone()
 
 
-def resume(accelerator, cfg, policy, optimizer, scheduler, critic=None, critic_optimizer=None) -> tuple[int, int]:
+def resume(accelerator, cfg, policy, optimizer, scheduler, critic=None, critic_optimizer=None
+           ) -> tuple[int, int]:
     """(step, position) to start from: restored from a checkpoint when cfg.resume asks for one."""
     if not cfg.resume:
         root = checkpoint_root(cfg.output_dir)
@@ -79,6 +80,22 @@ def resume(accelerator, cfg, policy, optimizer, scheduler, critic=None, critic_o
         metrics_file.write_text("".join(r + "\n" for r in rows))
     accelerator.print(f"resumed from {folder} at step {state['step']}")
     return state["step"], state["position"]
+
+
+def save_final(accelerator, policy, tokenizer, base_path: str, out_dir: Path, dtype: torch.dtype, merged: bool,
+               summary: dict) -> None:
+    """The trained policy in `out_dir`: with LoRA the adapter (eval.py loads it), else the full model in `dtype`;
+    with `merged`, also a plain merged model in out_dir/merged; and summary.json. Every process calls it."""
+    accelerator.wait_for_everyone()
+    model_state = full_state_dict(policy)  # FSDP: gathered on every process (collective), saved by the first
+    if accelerator.is_main_process:
+        save_model(policy, out_dir, dtype, model_state)
+        tokenizer.save_pretrained(out_dir)
+        if merged:  # a plain model that AutoModelForCausalLM loads
+            save_merged(policy, base_path, out_dir / "merged", dtype)
+            tokenizer.save_pretrained(out_dir / "merged")
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        print(f"saved the policy and tokenizer to {out_dir}")
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:

@@ -20,34 +20,39 @@ from typing import Any, Literal
 @dataclass
 class Config:
     # --- model ---------------------------------------------------------------------------------------------
-    model_name_or_path: str = "tiny"      # a folder `from_pretrained` reads; "tiny" builds the built-in toy model
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # compute dtype (weights stay fp32); auto: bf16 on GPU, fp32 on CPU; float16 is refused (no loss scaling)
-    save_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # final model's dtype; auto: as its config says
-    attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = "auto"  # auto: flash-attn if importable, else sdpa
-    gradient_checkpointing: bool = False  # recompute activations in backward; generation still uses the KV cache
+    model_name_or_path: str = "tiny"      # a folder `from_pretrained` reads; "tiny": the built-in toy model
+    # compute dtype (weights stay fp32); auto: bf16 on GPU, fp32 on CPU; float16 is refused (no loss scaling)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # the final model's dtype; auto: as its config says
+    save_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # auto: flash-attn if importable, else sdpa
+    attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = "auto"
+    gradient_checkpointing: bool = False  # recompute activations in backward (generation keeps the KV cache)
     fsdp: bool = False                    # shard the policy with FSDP2 across processes (full fine-tuning)
-    load_in_bits: Literal[0, 4, 8] = 0    # 4/8-bit base weights via bitsandbytes (CUDA only; needs lora_rank > 0)
+    load_in_bits: Literal[0, 4, 8] = 0    # 4/8-bit base weights, bitsandbytes (CUDA only; needs lora_rank > 0)
     lora_rank: int = 0                    # > 0: train a LoRA adapter (peft) instead of all weights
     lora_alpha: int = 32                  # LoRA scaling numerator (scale = alpha / rank)
-    lora_dropout: float = 0.0             # must be 0 for RL (see validate)
+    lora_dropout: float = 0.0             # must be 0 for RL (see check)
+    keep_dropout: bool = False            # keep the model's own dropout (off by default: sampling runs without it)
     lora_target_modules: str = "all-linear"  # peft's "all-linear", or comma-separated names (q_proj,v_proj)
     save_merged: bool = False             # with LoRA, also save the merged model to <output_dir>/merged
     # --- data ----------------------------------------------------------------------------------------------
     train_files: str = "data/arith_train.jsonl"  # comma-separated .jsonl/.json/.parquet in veRL's row format
     val_files: str = "data/arith_test.jsonl"     # held-out rows for accuracy before/after (and every val_every)
     val_max_samples: int = 200            # cap on held-out rows scored (0 = all)
-    max_prompt_length: int = 512          # prompts longer than this (in tokens) are dropped, with a count printed
+    max_prompt_length: int = 512          # prompts longer than this (in tokens) are dropped, and counted
     code_reward_style: Literal["codefu", "binary"] = "codefu"  # rows with ability "code", see rewards.py
     answer_extraction: Literal["strict", "flexible"] = "strict"  # GSM8K-style rows: the number after '####',
                                           # or the last number anywhere (veRL's two methods; rewards.py)
-    reward_fn: str = ""                   # path/to/file.py:function scoring every row in place of the built-in rewards:
-                                          # function(data_source, solution_str, ground_truth, extra_info) -> float (veRL)
+    reward_fn: str = ""                   # path/to/file.py:function scoring every row instead of the built-in
+                                          # rewards: function(data_source, solution_str, ground_truth,
+                                          # extra_info) -> float (veRL's custom_reward_function)
     judge_workers: int = 0                # parallel sandboxed programs for code rewards (0 = all cores)
     # --- rollout -------------------------------------------------------------------------------------------
     prompts_per_step: int = 16            # B: prompts per training step (per process)
     group_size: int = 8                   # G: completions sampled per prompt; GRPO compares within a group
     max_new_tokens: int = 8               # response budget; a completion that hits it is "truncated"
-    temperature: float = 1.0              # sampling temperature for rollouts (1.0 = the policy's own distribution)
+    temperature: float = 1.0              # sampling temperature of rollouts (1.0: the policy's own distribution)
     top_p: float = 1.0
     top_k: int = 0                        # 0 disables top-k
     rollout_engine: Literal["hf", "vllm"] = "hf"  # hf: minirl's decode loop / HF generate; vllm: a vLLM server
@@ -60,15 +65,15 @@ class Config:
     adv_std: Literal["unbiased", "population"] = "unbiased"     # verl and TRL: unbiased (torch.std's default)
     adv_eps: float = 1e-6                 # added to the group std (verl 1e-6, TRL 1e-4)
     policy_loss: Literal["ppo", "cispo", "importance_sampling"] = "ppo"  # see loss.policy_loss
-    clip_low: float = 0.2                 # ratio clipped to [1-clip_low, 1+clip_high] (PPO, Schulman et al. 2017)
+    clip_low: float = 0.2                 # ratio clipped to [1-clip_low, 1+clip_high] (Schulman et al. 2017)
     clip_high: float = 0.2                # DAPO's clip-higher uses 0.28 (Yu et al. 2025)
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                            "seq-mean-token-sum-norm"] = "token-mean"  # see loss.aggregate
     dual_clip: float = 0.0                # PPO dual-clip constant c (Ye et al. 2020; verl uses 3.0); 0 = off
     kl_coef: float = 0.0                  # weight of the KL-to-reference term; 0 = no reference model at all
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"  # Schulman's estimators, see loss.kl_penalty
-    kl_in_reward: bool = False            # fold -kl_coef*KL into the rewards instead of the loss (verl's use_kl_in_reward;
-                                          # GRPO: a sequence's reward minus kl_coef * its summed KL)
+    kl_in_reward: bool = False            # fold -kl_coef*KL into the rewards, not the loss (verl's
+                                          # use_kl_in_reward; GRPO: a sequence's reward - kl_coef * its summed KL)
     # --- PPO with a critic (algorithm: ppo) ----------------------------------------------------------------
     critic_model_path: str = ""           # "" = a copy of the policy's starting weights with a value head
     critic_lr: float = 1e-3               # the toy critic's rate; ~1e-5 for 1-7B models
@@ -78,12 +83,12 @@ class Config:
     # --- DAPO switches (Yu et al. 2025), all off by default ------------------------------------------------
     dynamic_sampling: bool = False        # drop groups whose rewards are all equal; resample to fill the batch
     max_sampling_rounds: int = 4          # bound on sampling rounds per step with dynamic_sampling
-    overlong_buffer: int = 0              # soft overlong punishment over the last N tokens of the budget (0 = off)
+    overlong_buffer: int = 0              # soft overlong punishment over the budget's last N tokens (0 = off)
     overlong_penalty: float = 1.0         # the punishment at the budget (reward - this, linearly ramped)
     mask_truncated: bool = False          # truncated completions get no loss (overlong filtering)
     ppo_epochs: int = 1                   # passes over each rollout batch
-    mini_batches: int = 1                 # optimizer steps per pass; >1 makes later steps off-policy (ratio != 1)
-    micro_batch_size: int = 32            # sequences per forward/backward; does not change the result, only memory
+    mini_batches: int = 1                 # optimizer steps per pass; > 1: later steps are off-policy (ratio != 1)
+    micro_batch_size: int = 32            # sequences per forward/backward; changes memory, not the result
     micro_batch_tokens: int = 0           # > 0: size micro-batches by a token budget (sequences x padded length)
     # --- optimizer -----------------------------------------------------------------------------------------
     lr: float = 2e-4                      # the toy model's rate; full fine-tuning of a 1-7B model wants ~1e-6
@@ -96,9 +101,9 @@ class Config:
     max_steps: int = 120                  # training steps (each: sample -> score -> update)
     seed: int = 0
     output_dir: str = "runs/default"      # metrics.jsonl and the final model go here
-    val_every: int = 20                   # validate every N steps, and always before and after (0 = only those)
+    val_every: int = 20                   # held-out validation every N steps, and before and after (0: only those)
     val_greedy: bool = True               # validation decodes greedily; False samples with `temperature`
-    report_to: str = ""                   # extra trackers via accelerate: tensorboard, mlflow, wandb (comma-separated)
+    report_to: str = ""                   # extra trackers (accelerate): tensorboard, mlflow, wandb, comma-separated
     save_every: int = 0                   # checkpoint every N steps (0 = only at the end); see checkpoint.py
     keep_last: int = 2                    # complete checkpoints kept
     resume: str = ""                      # "auto": newest checkpoint in output_dir; or a checkpoint folder
@@ -161,7 +166,7 @@ def _apply(cfg: Config, overrides: dict[str, Any], where: str) -> None:
         setattr(cfg, key, _convert(key, value, types[key]))
 
 
-def validate(cfg: Config) -> None:
+def check(cfg: Config) -> None:
     """Range checks that types alone cannot express."""
     positive = ["prompts_per_step", "group_size", "max_new_tokens", "micro_batch_size", "ppo_epochs",
                 "mini_batches", "max_prompt_length", "max_sampling_rounds"]
@@ -189,12 +194,16 @@ def validate(cfg: Config) -> None:
     if cfg.lora_rank < 0 or cfg.lora_alpha < 1:
         raise ConfigError("config keys 'lora_rank' must be >= 0 and 'lora_alpha' >= 1")
     if cfg.lora_dropout != 0:
-        raise ConfigError("config key 'lora_dropout' must be 0 for RL: generation runs without dropout, so with it the "
-                          "trained policy is not the one that sampled (the PPO ratio is not 1 on-policy); TRL's GRPO "
-                          "disables dropout for the same reason")
+        raise ConfigError("config key 'lora_dropout' must be 0 for RL: generation runs without dropout, so with "
+                          "it the trained policy is not the one that sampled (the PPO ratio is not 1 on-policy); "
+                          "TRL's GRPO disables dropout for the same reason")
+    if cfg.keep_dropout and (cfg.mini_batches > 1 or cfg.ppo_epochs > 1):
+        raise ConfigError("config key 'keep_dropout' needs mini_batches: 1 and ppo_epochs: 1: with dropout the old "
+                          "log-probs are not those of the policy that sampled (ratio != 1 from the first "
+                          "mini-batch); only on-policy, where old_logp = logp.detach(), is it mere noise")
     if cfg.dtype == "float16":
-        raise ConfigError("config key 'dtype': float16 needs loss scaling, which minirl does not do (small gradients "
-                          "underflow to 0); use bfloat16 (A100, H100, recent CPUs) or float32 (V100, T4)")
+        raise ConfigError("config key 'dtype': float16 needs loss scaling, which minirl does not do (small "
+                          "gradients underflow to 0); use bfloat16 (A100, H100, recent CPUs) or float32 (V100, T4)")
     for key in ["max_steps", "val_max_samples", "val_every", "save_every", "keep_last", "warmup_steps",
                 "micro_batch_tokens", "judge_workers"]:  # counts: 0 means "off" or "all", negative means nothing
         if getattr(cfg, key) < 0:
@@ -257,5 +266,5 @@ def parse_config(argv: list[str] | None = None) -> Config:
             raise ConfigError(f"config file {path} must hold a mapping of key: value")
         _apply(cfg, data, f"in {path}")
     _apply(cfg, pairs, "on the command line")
-    validate(cfg)
+    check(cfg)
     return cfg

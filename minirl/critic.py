@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from minirl.loss import value_loss
-from minirl.models import load_model
+from minirl.models import disable_dropout, load_model
 from minirl.logprobs import position_ids_from_mask
 
 
@@ -31,7 +31,8 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.value_head.bias)
         self.value_head.to(next(self.body.parameters()).dtype)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int
+                ) -> torch.Tensor:
         """Values of the states before each response token, (N, R) fp32."""
         R = num_response_tokens
         hidden = self.body(input_ids=input_ids, attention_mask=attention_mask,
@@ -40,8 +41,10 @@ class ValueModel(nn.Module):
 
 
 def load_critic(path: str, dtype: torch.dtype, attn_implementation: str, gradient_checkpointing: bool,
-                device: torch.device) -> ValueModel:
-    return ValueModel(load_model(path, dtype, attn_implementation, gradient_checkpointing)).to(device)
+                device: torch.device, keep_dropout: bool = False) -> ValueModel:
+    """The value model, with its body's dropout off (old values then equal the training pass's) unless kept."""
+    body = load_model(path, dtype, attn_implementation, gradient_checkpointing)
+    return ValueModel(body if keep_dropout else disable_dropout(body)).to(device)
 
 
 @torch.no_grad()

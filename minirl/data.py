@@ -74,8 +74,9 @@ def normalise_row(raw: dict, path: str, i: int, split: str = "train") -> dict:
         elif raw.get("problem") is not None:
             required, convert = ("problem", "answer"), math_row
         else:
-            raise DataError(f"{_where(path, i)}: unrecognised row with fields {sorted(k for k, v in raw.items() if v is not None)}; "
-                            "expected veRL fields (data_source, prompt, reward_model) or raw GSM8K/MATH/SimpleRL fields")
+            fields = sorted(k for k, v in raw.items() if v is not None)
+            raise DataError(f"{_where(path, i)}: unrecognised row with fields {fields}; expected veRL fields "
+                            "(data_source, prompt, reward_model) or raw GSM8K/MATH/SimpleRL fields")
         for field in required:
             if raw.get(field) is None:
                 raise DataError(f"{_where(path, i)}: missing field '{field}'")
@@ -117,7 +118,8 @@ def load_rows(files: str, split: str = "train", limit: int = 0) -> list[dict]:
                             "the toy task's files are in data/)")
         kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(path.suffix)
         if kind is None:
-            raise DataError(f"data file {path}: unsupported extension {path.suffix!r}; use .jsonl, .json or .parquet")
+            raise DataError(f"data file {path}: unsupported extension {path.suffix!r}; use .jsonl, .json or "
+                            ".parquet")
         if path.suffix == ".jsonl":
             _check_json_lines(path)
         ds = datasets.load_dataset(kind, data_files=str(path), split="train")
@@ -135,6 +137,22 @@ def prompt_text(row: dict, tokenizer) -> str:
     return "\n".join(m["content"] for m in row["prompt"]) + "\n"
 
 
+def drop_long_prompts(rows: list[dict], tokenizer, max_prompt_length: int, log=print) -> list[dict]:
+    """The rows whose prompt fits in max_prompt_length tokens; says how many were dropped, and raises the
+    config error when none is left."""
+    def length(row: dict) -> int:
+        return len(tokenizer(prompt_text(row, tokenizer), add_special_tokens=False).input_ids)
+    kept = [r for r in rows if length(r) <= max_prompt_length]
+    if len(kept) < len(rows):
+        log(f"dropped {len(rows) - len(kept)} of {len(rows)} prompts longer than "
+            f"max_prompt_length={max_prompt_length}")
+    if not kept:
+        from minirl.config import ConfigError
+        raise ConfigError(f"config key 'max_prompt_length': no training prompt fits in {max_prompt_length} "
+                          "tokens; raise it")
+    return kept
+
+
 def prompt_indices(position: int, count: int, num_rows: int, seed: int) -> list[int]:
     """Rows number `position .. position+count-1` of an endless stream of seeded per-epoch shuffles."""
     perms: dict[int, torch.Tensor] = {}
@@ -142,6 +160,7 @@ def prompt_indices(position: int, count: int, num_rows: int, seed: int) -> list[
     for p in range(position, position + count):
         epoch, offset = divmod(p, num_rows)
         if epoch not in perms:
-            perms[epoch] = torch.randperm(num_rows, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+            generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
+            perms[epoch] = torch.randperm(num_rows, generator=generator)
         out.append(int(perms[epoch][offset]))
     return out

@@ -48,7 +48,8 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_siz
     if not _plain_attention_cache(cache):
         return None
     cache.reorder_cache(owner)                                 # (B, ...) -> (N, ...): each row its prompt's K, V
-    ids, mask, position = prompt_ids[owner], prompt_mask[owner], positions[owner, -1:]   # (n, P+t), (n, P+t), (n, 1)
+    ids, mask = prompt_ids[owner], prompt_mask[owner]                            # (n, P+t) each, t steps done
+    position = positions[owner, -1:]                                             # (n, 1) the next token's
     running = torch.arange(N, device=prompt_ids.device)       # (n,) the rows still decoding, in batch order
     eos = torch.tensor(eos_ids, device=prompt_ids.device)
     response = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=prompt_ids.device)

@@ -10,7 +10,8 @@ step's *global* token count, so the sum is the full batch's gradient.
 FSDP (`fsdp: true`, FSDP2's `fully_shard`): each decoder layer is a unit, then the model itself (the root:
 embeddings, final norm, LM head). The same code runs on GPUs (NCCL) and in the CI test on 2 CPU processes
 (gloo); accelerate's FSDP plugin is not used because on CPU it silently falls back to DDP.
-- Gradients: FSDP reduce-scatters and *averages* them, so the trainer multiplies the loss by the world size.
+- Gradients: FSDP's reduce-scatter is set to *sum* them (its default averages), as plain data parallelism
+  does, so the loss and `forward_backward` are the same with and without FSDP.
 - Log-probs: `token_logprobs` calls the decoder and the LM head itself (to chunk the LM head), so it is
   registered as an FSDP forward method of the root: the root's parameters are gathered around it.
 - Rollouts: generating through sharded layers would all-gather every layer at every token. `gathered` unshards
@@ -41,35 +42,74 @@ def barrier() -> None:
         dist.barrier()
 
 
-def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+# --- the step's numbers over all processes: what train.py's step reads as math ---------------------------------
+
+def global_sum(t: torch.Tensor) -> torch.Tensor:
+    """The elementwise sum of a tensor over processes (in place, on its own device)."""
     if world_size() > 1:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 
 
-def all_reduce_max(x: float) -> float:
-    """The largest value of a number over all processes (e.g. so that every process picks one micro-batch size)."""
+all_reduce_sum = global_sum  # the name the sessions API and recipes use
+
+
+def global_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    """sum(x * mask) / sum(mask) over every process's entries, as one process holding them all computes it
+    (e.g. the entropy per response token); 0 where the mask is empty everywhere."""
+    total = global_sum(torch.stack([(x * mask).sum(), mask.sum().to(x.dtype)]))
+    return float(total[0] / total[1].clamp(min=1))
+
+
+def global_counts(mask: torch.Tensor) -> tuple[float, float]:
+    """(response tokens, sequences) of a mask (N, R) over all processes: the loss's normalisers, so that each
+    process's share of the gradient sums to the whole batch's (loss.aggregate's num_tokens, num_seqs)."""
+    counts = global_sum(torch.tensor([float(mask.sum()), float(mask.shape[0])], dtype=torch.float64,
+                                     device=mask.device))
+    return max(float(counts[0]), 1.0), float(counts[1])
+
+
+def global_max(x: float) -> float:
+    """The largest value of a number over all processes (e.g. so that all pick one micro-batch size)."""
     if world_size() == 1:
         return x
     return float(_all_reduce_cpu(torch.tensor([float(x)], dtype=torch.float64), dist.ReduceOp.MAX))
 
 
-def all_reduce_min(x: float) -> float:
+def global_min(x: float) -> float:
     """The smallest value of a number over all processes (e.g. the groups every process can train)."""
-    return -all_reduce_max(-x)
+    return -global_max(-x)
+
+
+all_reduce_max, all_reduce_min = global_max, global_min
 
 
 def sum_over_processes(metrics: dict[str, float]) -> dict[str, float]:
-    """Sum each metric over processes: for per-process shares of a step total (the losses of forward_backward)."""
+    """Sum each metric over processes: for per-process shares of a step total (forward_backward's losses)."""
     if world_size() == 1 or not metrics:
         return metrics
     t = torch.tensor(list(metrics.values()), dtype=torch.float64)
     return dict(zip(metrics, _all_reduce_cpu(t, dist.ReduceOp.SUM).tolist()))
 
 
+def gather_rows(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Every process's rows of each tensor, concatenated in process order (each process holds as many rows:
+    dynamic sampling pads to the same number of groups everywhere)."""
+    if world_size() == 1:
+        return list(tensors)
+    out = []
+    for t in tensors:
+        parts = [torch.empty_like(t, device=_device()) for _ in range(world_size())]
+        dist.all_gather(parts, t.to(_device()))
+        out.append(torch.cat(parts).to(t.device))
+    return out
+
+
 def _device() -> torch.device:
     """The device collectives run on: the current GPU under NCCL, the CPU under gloo."""
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _all_reduce_cpu(t: torch.Tensor, op) -> torch.Tensor:
@@ -94,7 +134,8 @@ def shutdown() -> None:
 
 
 def sum_gradients_across_processes(model) -> None:
-    """Plain data parallelism: the global gradient is the sum of the per-process gradients."""
+    """The global gradient is the sum of the per-process gradients. Plain data parallelism sums them here;
+    a sharded model's backward already did (its reduce-scatter sums, see `shard`)."""
     if world_size() > 1 and not is_sharded(model):
         for p in model.parameters():
             if p.grad is not None:
@@ -118,18 +159,25 @@ def shard(model, compute_dtype: torch.dtype = torch.float32) -> None:
 
     Mixed precision: the sharded parameters and the optimizer state stay fp32; FSDP casts the gathered copy
     to `compute_dtype` for forward/backward and reduces gradients in fp32 (so small updates are not lost)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+    from torch.distributed.fsdp import (FSDPModule, MixedPrecisionPolicy, fully_shard,
+                                        register_fsdp_forward_method)
 
     from minirl.logprobs import _token_logprobs_unsharded
     root = _root(model)
     low = compute_dtype != torch.float32
-    mp = MixedPrecisionPolicy(param_dtype=compute_dtype if low else None, reduce_dtype=torch.float32 if low else None)
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype if low else None,
+                              reduce_dtype=torch.float32 if low else None)
     for layer in root.get_decoder().layers:
         fully_shard(layer, mp_policy=mp)
     fully_shard(root, mp_policy=mp)
+    for unit in [m for m in root.modules() if isinstance(m, FSDPModule)]:
+        # FSDP averages gradients over processes; each process's loss is already normalised by the step's
+        # global counts, so the batch's gradient is their sum: divide by 1, with a plain sum on every backend
+        unit.set_gradient_divide_factor(1.0)
+        unit.set_force_sum_reduction_for_comms(True)
     # one pass per layer and step: FSDP's hooks would gather a layer twice if the shared prompt ran separately
-    root.minirl_token_logprobs = types.MethodType(functools.partial(_token_logprobs_unsharded, share_prompts=False),
-                                                  root)
+    unshared = functools.partial(_token_logprobs_unsharded, share_prompts=False)
+    root.minirl_token_logprobs = types.MethodType(unshared, root)
     register_fsdp_forward_method(root, "minirl_token_logprobs")
 
 
@@ -146,7 +194,7 @@ def gathered(model):
     finally:
         for unit in units:
             unit.reshard()
-            unit.set_reshard_after_forward(unit is not _root(model))  # FSDP2's default: the root keeps its params
+            unit.set_reshard_after_forward(unit is not _root(model))  # FSDP2's default: the root keeps them
 
 
 def full_state_dict(model) -> dict | None:

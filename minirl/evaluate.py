@@ -3,7 +3,7 @@
 `evaluate` is what `train.py` calls for validation (`val/test_score/<data_source>`) and what `eval.py` calls,
 so a number seen in training and a number from evaluation mean the same thing.
 
-    records = evaluate(model, tokenizer, rows, n=8, greedy=False, temperature=0.6, judge=judge)
+    records = evaluate(model, tokenizer, rows, n=8, greedy=False, temperature=0.6, scorer=Scorer(judge))
     summary = summarize(records, ks=[1, 4, 8])   # per data source: mean@n, pass@k, maj@n, lengths, speed
 
 pass@k is the unbiased estimator of Chen et al. 2021 (Codex): 1 - C(n-c, k) / C(n, k) for c correct out of n.
@@ -16,7 +16,7 @@ import time
 from collections import Counter, defaultdict
 
 from minirl.data import prompt_text
-from minirl.rewards import normalise_answer, score_details
+from minirl.rewards import Scorer, normalise_answer
 from minirl.rollout import sample
 
 
@@ -43,10 +43,12 @@ def majority_vote(answers: list[str | None], rewards: list[float]) -> float:
 
 
 def evaluate(model, tokenizer, rows: list[dict], n: int = 1, greedy: bool = True, temperature: float = 1.0,
-             top_p: float = 1.0, max_new_tokens: int = 256, batch_size: int = 32, progress=None, judge=None,
-             code_style: str = "codefu", extraction: str = "strict", reward_fn=None) -> list[dict]:
+             top_p: float = 1.0, max_new_tokens: int = 256, batch_size: int = 32, progress=None,
+             scorer: Scorer | None = None) -> list[dict]:
     """One record per completion: problem_id, data_source, index, sample, prompt, completion, answer, reward,
-    (verdict), tokens, truncated, seconds. `progress`, if given, is called with the number of rows finished."""
+    (verdict), tokens, truncated, seconds. `scorer` is the training run's (default: the built-in rewards, no
+    judge); `progress`, if given, is called with the number of rows finished."""
+    scorer = scorer or Scorer()
     if greedy and n != 1:
         raise ValueError("greedy decoding gives n identical completions; use n=1 or a temperature > 0")
     records = []
@@ -58,7 +60,7 @@ def evaluate(model, tokenizer, rows: list[dict], n: int = 1, greedy: bool = True
                          temperature=temperature, top_p=top_p, greedy=greedy)
         seconds = time.perf_counter() - t0
         expanded = [r for r in chunk for _ in range(n)]
-        scored = score_details(rollout.texts, expanded, judge, code_style, extraction, reward_fn)
+        scored = scorer.details(rollout.texts, expanded)
         lengths = rollout.response_mask.sum(dim=1).tolist()
         total_tokens = max(sum(lengths), 1)
         for i, (row, text, sc, length) in enumerate(zip(expanded, rollout.texts, scored, lengths)):

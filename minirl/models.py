@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from minirl.config import ConfigError
+from minirl.logprobs import check_exact
 
 
 class ModelNotFoundError(ConfigError, FileNotFoundError):
@@ -142,12 +143,27 @@ def enable_gradient_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
+def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """Every dropout in the model off, so that train mode computes what generate samples from (eval mode):
+    with dropout, the old log-probs of a rollout already differ from the sampler's and ratio != 1. As TRL's
+    `disable_dropout_in_model` (trl/trainer/utils.py) this zeroes each nn.Dropout's p; it also zeroes the
+    rates that attention modules keep as floats and pass to their attention kernel (`attention_dropout`)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float):
+                setattr(module, name, 0.0)
+    return model
+
+
 def build_policy(path: str, device: torch.device, dtype: torch.dtype, attn_implementation: str = "sdpa",
                  lora: dict | None = None, gradient_checkpointing: bool = False, load_in_bits: int = 0,
-                 seed: int = 0):
+                 seed: int = 0, keep_dropout: bool = False):
     """The policy to train, in train mode on `device`: the model at `path`, with a LoRA adapter when `lora`
     (keys rank, alpha, dropout, target_modules) is given. train.py and the sessions' TrainingClient both build
-    theirs here.
+    theirs here. Its dropout is off unless `keep_dropout` (disable_dropout says why), and a model whose
+    log-probs minirl does not compute exactly is refused (logprobs.check_exact).
 
     Precision: trained weights stay fp32 and compute runs in `dtype` (autocast or FSDP's mixed precision), since
     bf16 weights would round away most updates at lr 1e-6. A frozen base (LoRA, quantised) is held in `dtype`;
@@ -157,16 +173,19 @@ def build_policy(path: str, device: torch.device, dtype: torch.dtype, attn_imple
     model = load_model(path, dtype if frozen_base else torch.float32, attn_implementation, gradient_checkpointing,
                        load_in_bits)
     model = model if load_in_bits else model.to(device)  # a quantised model is placed on its GPU by from_pretrained
+    check_exact(model)
     if lora:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = add_lora(model, lora["rank"], lora["alpha"], lora.get("dropout", 0.0),
                              lora.get("target_modules", "all-linear"))
-    return model.train()
+    return (model if keep_dropout else disable_dropout(model)).train()
 
 
 def load_reference(path: str, dtype: torch.dtype, attn_implementation: str, device: torch.device):
-    model = load_model(path, dtype=dtype, attn_implementation=attn_implementation).to(device)
+    """The frozen reference policy: eval mode (no dropout), no gradients, checked as the policy is."""
+    model = disable_dropout(load_model(path, dtype=dtype, attn_implementation=attn_implementation).to(device))
+    check_exact(model)
     model.eval()
     model.requires_grad_(False)
     return model

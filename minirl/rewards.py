@@ -5,9 +5,10 @@
     math_reward(completion, answer)   -> 1.0 / 0.0   last \\boxed{...} vs the gold answer, checked for
                                                      mathematical equivalence with `math-verify`
     code_reward(completion, problem, judge, style)  last fenced code block run against the problem's tests
-    score(completions, rows, judge)   -> list[float] the reward stage of a training step: picks the reward
-                                                     function for each row; code rows are judged in one batch
-    score_details(...)                -> list[dict]  the same, with the extracted answer and code verdicts
+    Scorer(judge, code_style, extraction, reward_fn) the one reward interface: `scorer(completions, rows)`
+                                                     -> list[float], picking the reward for each row; code
+                                                     rows are judged in one batch. build_scorer(cfg, judge)
+                                                     makes the run's scorer from its config.
 
 The reward for a row is chosen by `data_source` (as veRL's default_compute_score does): anything naming
 gsm8k, and the built-in toy task, uses gsm8k_reward; the MATH family (math, math500, aime, amc, custom
@@ -26,8 +27,9 @@ import functools
 import json
 import re
 import threading
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Callable
+from typing import Any, Callable
 
 _GSM8K_ANSWER = re.compile(r"####\s*\$?\s*(-?[\d,]*\.?\d+)")
 _NUMBER = re.compile(r"-?[\d,]*\.?\d+")
@@ -154,18 +156,21 @@ def as_problem(ground_truth) -> dict:
     return json.loads(ground_truth) if isinstance(ground_truth, str) else ground_truth
 
 
+def judge_job(source: str, problem: dict) -> dict:
+    """The judge's job for one program: `problem` is a code row's ground truth ({"tests": [{"input",
+    "output"}], "language": "cpp"|"python", "time_limit_s", "memory_limit_mb", "float_tolerance"?})."""
+    return dict(source=source, language=problem.get("language", "python"), tests=problem["tests"],
+                time_limit_s=float(problem.get("time_limit_s", 2.0)),
+                memory_limit_mb=int(problem.get("memory_limit_mb", 256)),
+                float_tolerance=problem.get("float_tolerance"))
+
+
 def judge_completions(completions: list[str], problems: list, judge) -> list:
     """JudgeResult per completion (None where no code block was found), all judged in one `run_many`.
-
-    problem: {"tests": [{"input", "output"}], "language": "cpp"|"python", "time_limit_s", "memory_limit_mb",
-              "float_tolerance"?} (the `reward_model.ground_truth` of a prepared code row, dict or JSON).
-    """
+    problems: code rows' `reward_model.ground_truth` (dicts or JSON strings, see judge_job)."""
     problems = [as_problem(p) for p in problems]
     sources = [extract_code(c, p.get("language", "python")) for c, p in zip(completions, problems, strict=True)]
-    jobs = [dict(source=src, language=p.get("language", "python"), tests=p["tests"],
-                 time_limit_s=float(p.get("time_limit_s", 2.0)), memory_limit_mb=int(p.get("memory_limit_mb", 256)),
-                 float_tolerance=p.get("float_tolerance"))
-            for src, p in zip(sources, problems) if src is not None]
+    jobs = [judge_job(src, p) for src, p in zip(sources, problems) if src is not None]
     results = iter(judge.run_many(jobs)) if jobs else iter(())
     return [next(results) if src is not None else None for src in sources]
 
@@ -192,63 +197,101 @@ def overlong_penalty(lengths: list[int], max_new_tokens: int, buffer: int, penal
     return [-penalty * min(max(length - start, 0) / buffer, 1.0) if buffer > 0 else 0.0 for length in lengths]
 
 
-# --- dispatch ------------------------------------------------------------------------------------------------
+# --- the scorer: one reward interface ---------------------------------------------------------------------
 
-def reward_fn_for(data_source: str) -> Callable[[str, str], float]:
-    """The reward function for a dataset, by its veRL `data_source` name."""
+def reward_kind(data_source: str) -> str:
+    """Which built-in verifier scores a dataset, by its veRL `data_source` name: "gsm8k" or "math"."""
     src = data_source.lower()
     if "gsm8k" in src or src in ("toy_arithmetic", "arithmetic"):  # arithmetic: scripts/make_sums_data.py
-        return gsm8k_reward
+        return "gsm8k"
     if any(k in src for k in ("math", "aime", "amc", "simplerl", "custom")):
-        return math_reward
+        return "math"
     raise ValueError(f"no reward function for data_source {data_source!r}: name it like 'openai/gsm8k' or "
-                     "'math500', or add a line to minirl/rewards.py:reward_fn_for")
+                     "'math500', or add a line to minirl/rewards.py:reward_kind")
+
+
+def reward_fn_for(data_source: str) -> Callable[..., float]:
+    """The built-in reward function for a dataset (gsm8k_reward or math_reward)."""
+    return {"gsm8k": gsm8k_reward, "math": math_reward}[reward_kind(data_source)]
 
 
 def is_code(row: dict) -> bool:
     return row.get("ability") == "code"
 
 
-def extract_answer(text: str, row: dict, extraction: str = "strict") -> str | None:
-    """What the reward looks at: the code block, the '#### N' (or last) number, or the last \\boxed{} content."""
-    if is_code(row):
-        return extract_code(text, as_problem(row["reward_model"]["ground_truth"]).get("language", "python"))
-    if reward_fn_for(row["data_source"]) is gsm8k_reward:
-        return extract_gsm8k_answer(text, extraction)
-    return last_boxed(text)
+@dataclass
+class Scorer:
+    """The reward of completions against their rows, for training, validation, eval.py and the environments.
+
+        scorer = Scorer(judge)                       # or build_scorer(cfg, judge), from the config
+        rewards = scorer(completions, rows)          # list[float], rows[i] being completion i's problem
+        details = scorer.details(completions, rows)  # + the extracted answer, and the verdict for code
+
+    A row's reward: `reward_fn` when given (veRL's custom_reward_function, every row); else the judge for rows
+    with `ability: code` (all of a call's programs in one `run_many`, so they run in parallel), else the
+    built-in verifier of its data_source (reward_kind). `judge` is anything with `run_many(jobs) -> results`
+    (minirl.judge.Judge); only code rows need one. `extraction` ("strict"/"flexible") is GSM8K's.
+    """
+    judge: Any = None
+    code_style: str = "codefu"
+    extraction: str = "strict"
+    reward_fn: Callable | None = None
+
+    def __post_init__(self):  # (extract the answer, reward) per built-in verifier
+        self.verifiers = {"gsm8k": (functools.partial(extract_gsm8k_answer, method=self.extraction),
+                                    functools.partial(gsm8k_reward, method=self.extraction)),
+                          "math": (last_boxed, math_reward)}
+
+    def __call__(self, completions: list[str], rows: list[dict]) -> list[float]:
+        return [d["reward"] for d in self.details(completions, rows)]
+
+    def details(self, completions: list[str], rows: list[dict]) -> list[dict]:
+        """Per completion: reward and the extracted answer, plus verdict and tests_passed for code rows."""
+        out = [{"answer": self.extract(text, row)} for text, row in zip(completions, rows, strict=True)]
+        code = [i for i, row in enumerate(rows) if is_code(row)] if self.reward_fn is None else []
+        if code:
+            if self.judge is None:
+                raise ValueError("code rows need a judge: pass judge=minirl.judge.Judge()")
+            results = judge_completions([completions[i] for i in code],
+                                        [rows[i]["reward_model"]["ground_truth"] for i in code], self.judge)
+            for i, res in zip(code, results):
+                out[i].update(reward=reward_from_result(res, self.code_style),
+                              verdict=res.verdict if res else "no code", tests_passed=res.passed if res else 0)
+        for d, text, row in zip(out, completions, rows):
+            truth = row["reward_model"]["ground_truth"]
+            if self.reward_fn is not None:
+                d["reward"] = float(self.reward_fn(row["data_source"], text, truth, row.get("extra_info")))
+            elif not is_code(row):
+                d["reward"] = self.verifiers[reward_kind(row["data_source"])][1](text, str(truth))
+        return out
+
+    def extract(self, text: str, row: dict) -> str | None:
+        """What the reward looks at: the code block, the '#### N' (or last) number, or the last \\boxed{}."""
+        if is_code(row):
+            return extract_code(text, as_problem(row["reward_model"]["ground_truth"]).get("language", "python"))
+        try:
+            return self.verifiers[reward_kind(row["data_source"])][0](text)
+        except ValueError:  # a source only the user's reward_fn knows: nothing to extract
+            if self.reward_fn is None:
+                raise
+            return None
+
+
+def build_scorer(cfg, judge=None) -> Scorer:
+    """The run's scorer from its config (code_reward_style, answer_extraction, reward_fn) and its judge."""
+    return Scorer(judge, cfg.code_reward_style, cfg.answer_extraction,
+                  load_reward_fn(cfg.reward_fn) if cfg.reward_fn else None)
 
 
 def score_details(completions: list[str], rows: list[dict], judge=None, code_style: str = "codefu",
                   extraction: str = "strict", reward_fn: Callable | None = None) -> list[dict]:
-    """reward and extracted answer per completion, plus verdict and tests_passed for code. Code rows go to the
-    judge together, so their programs run in parallel. `extraction` ("strict"/"flexible") applies to
-    GSM8K-style rows (see extract_gsm8k_answer). A `reward_fn` (see load_reward_fn) scores every row."""
-    out = [{"answer": extract_answer(text, row, extraction)} for text, row in zip(completions, rows, strict=True)]
-    if reward_fn is not None:
-        for d, text, row in zip(out, completions, rows):
-            d["reward"] = float(reward_fn(row["data_source"], text, row["reward_model"]["ground_truth"],
-                                          row.get("extra_info")))
-        return out
-    code = [i for i, row in enumerate(rows) if is_code(row)]
-    if code:
-        if judge is None:
-            raise ValueError("code rows need a judge: pass judge=minirl.judge.Judge()")
-        results = judge_completions([completions[i] for i in code],
-                                    [rows[i]["reward_model"]["ground_truth"] for i in code], judge)
-        for i, res in zip(code, results):
-            out[i].update(reward=reward_from_result(res, code_style), verdict=res.verdict if res else "no code",
-                          tests_passed=res.passed if res else 0)
-    for i, (text, row) in enumerate(zip(completions, rows)):
-        if not is_code(row):
-            fn, gold = reward_fn_for(row["data_source"]), str(row["reward_model"]["ground_truth"])
-            out[i]["reward"] = fn(text, gold, extraction) if fn is gsm8k_reward else fn(text, gold)
-    return out
+    """`Scorer(...).details(completions, rows)` in one call."""
+    return Scorer(judge, code_style, extraction, reward_fn).details(completions, rows)
 
 
-def score(completions: list[str], rows: list[dict], judge=None, code_style: str = "codefu",
-          extraction: str = "strict", reward_fn: Callable | None = None) -> list[float]:
-    """The reward stage of a training step: one float per completion, `rows[i]` being its problem."""
-    return [d["reward"] for d in score_details(completions, rows, judge, code_style, extraction, reward_fn)]
+def score(completions: list[str], rows: list[dict], *args, **kwargs) -> list[float]:
+    """`Scorer(...)(completions, rows)` in one call: one float per completion."""
+    return [d["reward"] for d in score_details(completions, rows, *args, **kwargs)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -270,6 +313,6 @@ def load_reward_fn(spec: str) -> Callable:
     module_spec.loader.exec_module(module)
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise ConfigError(f"config key 'reward_fn': {file} defines no function {name!r}; define "
-                          f"def {name}(data_source, solution_str, ground_truth, extra_info) -> float there, or {usage}")
+        raise ConfigError(f"config key 'reward_fn': {file} defines no function {name!r}; define def {name}"
+                          f"(data_source, solution_str, ground_truth, extra_info) -> float there, or {usage}")
     return fn

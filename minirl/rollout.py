@@ -134,8 +134,9 @@ def sample(model, tokenizer, prompts: list[str] | list[list[int]], group_size: i
 
 def encode_prompts(tokenizer, prompts: list[str] | list[list[int]], device):
     """Strings (chat template applied) or token lists, left-padded: .input_ids, .attention_mask (B, P)."""
-    return (tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-            if isinstance(prompts[0], str) else tokenizer.pad({"input_ids": prompts}, return_tensors="pt")).to(device)
+    if isinstance(prompts[0], str):
+        return tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    return tokenizer.pad({"input_ids": prompts}, return_tensors="pt").to(device)
 
 
 def make_rollout(tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor,
@@ -153,13 +154,11 @@ def make_rollout(tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
 
 def shares_prompts(model, prompt_tokens: int) -> bool:
     """Whether minirl.decode's loop (each prompt prefilled once, finished rows dropped) gives what generate
-    gives. Not for RoPE variants whose frequencies depend on the longest position in the batch (dropping rows,
-    or a prefill one token shorter, would change them), nor for one-token prompts (nothing to prefill).
-    The cache type is checked after the prefill (minirl.decode)."""
-    rope = getattr(getattr(model, "config", None), "rope_parameters", None) or {}
-    per_layer_type = bool(rope) and all(isinstance(v, dict) for v in rope.values())  # {"full_attention": {...}}
-    rope_types = {params.get("rope_type") for params in (rope.values() if per_layer_type else [rope])}
-    return prompt_tokens > 1 and not rope_types & {"dynamic", "longrope"}
+    gives. Not for RoPE variants whose frequencies depend on the longest position in the call (a prefill one
+    token shorter, or a batch that loses rows, would change them), nor for one-token prompts (nothing to
+    prefill). The cache type is checked after the prefill (minirl.decode)."""
+    from minirl.logprobs import length_dependent_rope
+    return prompt_tokens > 1 and not length_dependent_rope(model)
 
 
 def _stop_criteria(tokenizer, stop: list[str] | None):
@@ -182,7 +181,8 @@ def _generate(model, tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Ten
     # from the model's own config, so generate also sees ours as the model's, for this call only.
     fields = {k: v for k, v in GenerationConfig._get_default_generation_params().items() if k != "max_length"}
     fields.update(do_sample=False, max_new_tokens=max_new_tokens, use_cache=True,
-                  pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids, stop_strings=list(stop) if stop else None)
+                  pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids,
+                  stop_strings=list(stop) if stop else None)
     gen_config = GenerationConfig(**fields)
     model_config, model.generation_config = model.generation_config, gen_config
     try:

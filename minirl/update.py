@@ -1,7 +1,8 @@
-"""The update stages of a training step: `forward_backward` (loss, gradients) and `optim_step`.
+"""The update stages of a training step: `compute_advantages`, `mini_batches`, `forward_backward` (loss,
+gradients) and `optim_step`.
 
-Both stand on their own (they take a model, tensors and numbers; no trainer object), so a user's own loop can
-call them in any order, e.g. several forward_backward calls before one optim_step.
+Each stands on its own (a model, tensors and numbers; no trainer object, no process group), so a user's own
+loop can call them in any order, e.g. several forward_backward calls before one optim_step.
 
 `forward_backward` walks one optimizer step's sequences in micro-batches. Each micro-batch's loss is
 normalised by counts of the *whole step* (`num_tokens`, `num_seqs`), so summing the gradients of the
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minirl.loss import aggregate, kl_penalty, policy_loss
+from minirl.loss import aggregate, gae, group_advantages, kl_penalty, outcome_token_rewards, policy_loss, whiten
 from minirl.logprobs import token_logprobs
 
 
@@ -40,8 +41,45 @@ class LossSettings:
                    cfg.kl_estimator, cfg.dual_clip or None, cfg.max_new_tokens, cfg.temperature)
 
 
+@torch.no_grad()
+def compute_advantages(cfg, rewards: torch.Tensor, batch: dict[str, torch.Tensor],
+                       total: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
+                       ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+    """Advantages from the step's rewards (N,): (advantages (N,) GRPO or (N, R) PPO, returns (N, R) or None,
+    metrics). batch: response_mask (N, R), and old_logp/ref_logp (N, R) with kl_in_reward, old_values (N, R)
+    for PPO. `total` sums a tensor over the whole step when it is split across processes
+    (distributed.global_sum), so PPO's whitening and the KL metric are the whole batch's.
+
+    GRPO: group_advantages of the rewards (minus kl_coef * each sequence's summed KL with kl_in_reward, verl's
+    use_kl_in_reward). PPO: the outcome reward on the last token (minus the per-token KL), GAE on the
+    critic's values, whitened over the step's tokens (loss.py holds each formula)."""
+    mask = batch["response_mask"]
+    kl = kl_penalty(batch["old_logp"], batch["ref_logp"], cfg.kl_estimator) * mask if cfg.kl_in_reward else None
+    metrics = {}
+    if kl is not None:
+        kl_total = total(torch.stack([kl.sum(), mask.sum().float()]))
+        metrics["actor/reward_kl_penalty"] = float(kl_total[0] / kl_total[1].clamp(min=1))  # per token
+    rewards = rewards.to(mask.device)
+    if cfg.algorithm == "grpo":
+        if kl is not None:
+            rewards = rewards - cfg.kl_coef * kl.sum(1)
+        adv = group_advantages(rewards, cfg.group_size, cfg.adv_estimator, cfg.adv_std, cfg.adv_eps)  # (N,)
+        return adv, None, metrics
+    token_rewards = outcome_token_rewards(rewards, mask, kl, cfg.kl_coef)                       # (N, R)
+    adv, returns = gae(token_rewards, batch["old_values"], mask, cfg.gae_gamma, cfg.gae_lambda)  # (N, R)
+    return whiten(adv, mask, total=total) * mask, returns, metrics
+
+
+def mini_batches(batch: dict[str, torch.Tensor], count: int, group_size: int) -> list[dict[str, torch.Tensor]]:
+    """One optimizer step's share of the batch each: `count` contiguous slices of whole groups (the rows of a
+    group are adjacent), at least one group each."""
+    N = batch["input_ids"].shape[0]
+    size = max(N // count, group_size)
+    return [{k: v[s:s + size] for k, v in batch.items()} for s in range(0, N, size)]
+
+
 def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, micro_batch_size: int,
-                     num_tokens: float, num_seqs: float, loss_scale: float = 1.0,
+                     num_tokens: float, num_seqs: float,
                      backward: Callable[[torch.Tensor], None] = torch.Tensor.backward) -> dict[str, float]:
     """Accumulate the policy gradient of one optimizer step into `model`'s .grad.
 
@@ -51,9 +89,8 @@ def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, 
            the one being trained): old_logp = logp.detach(), so ratio = 1 and the loss and gradients are
            those of an exact old-logp pass, which is skipped (TRL does the same); the entropy metric then
            comes from this pass and is returned as "entropy".
-    num_tokens / num_seqs: response tokens / sequences in the whole step (all processes).
-    loss_scale: multiplies the loss; the trainer passes the number of processes, because data-parallel
-           backends *average* gradients over processes while we want the sum over all of the step's tokens.
+    num_tokens / num_seqs: response tokens / sequences in the whole step (all processes), so that summing
+           the gradients of every micro-batch and process gives the batch's.
     Returns metrics (verl names, without the "actor/" prefix): this process's share of each step total,
     normalised by the step's counts, so that summing them over processes gives the step's value. (The
     entropy metric comes from the old-logp pass, or on-policy from this one, computed chunk by chunk without a
@@ -62,7 +99,9 @@ def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, 
     R = batch["response_mask"].shape[1]
     N = batch["input_ids"].shape[0]
     on_policy = "old_logp" not in batch
-    sums = {"pg_loss": 0.0, "kl_loss": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0, **({"entropy": 0.0} if on_policy else {})}
+    sums = {"pg_loss": 0.0, "kl_loss": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0}
+    if on_policy:
+        sums["entropy"] = 0.0
     for s in range(0, N, micro_batch_size):
         mb = {k: v[s:s + micro_batch_size] for k, v in batch.items()}
         mask = mb["response_mask"]
@@ -80,7 +119,7 @@ def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, 
                                 num_tokens=num_tokens, num_seqs=num_seqs)
             total = total + loss.kl_coef * kl_loss
             sums["kl_loss"] += float(kl_loss.detach())
-        backward(total * loss_scale)
+        backward(total)
         share = float(mask.sum()) / max(num_tokens, 1.0)  # this micro-batch's share of the step's tokens
         sums["pg_loss"] += float(pg_loss.detach())
         sums["pg_clipfrac"] += float(metrics["pg_clipfrac"]) * share

@@ -7,8 +7,7 @@ TRL lives in its own environment (it pins its own versions of things); this scri
 minirl's environment, then runs each trainer as a separate process, alternating minirl, TRL, minirl, TRL, ...
 so that all see the same machine load. TRL runs twice per round: with its defaults (`trl`: GRPOConfig turns
 gradient checkpointing on) and with `gradient_checkpointing=False` (`trl-nogc`, as minirl runs by default: the
-fairer comparison of the two codes on a model this small). The configuration is issue 13's:
-a random Qwen2 (hidden 256, 4 layers, vocab 2048), 8 prompts x 8 completions x 64 new tokens, k3 KL 0.04
+fairer comparison of the two codes on a model this small). The configuration: a random Qwen2 (hidden 256, 4 layers, vocab 2048), 8 prompts x 8 completions x 64 new tokens, k3 KL 0.04
 against a reference copy, lr 1e-5, T = 1, one optimizer step per rollout, fp32, 2 CPU threads.
 
 Stages (seconds per step; the first step of each run is a warm-up and is dropped):
@@ -38,7 +37,7 @@ B, G, NEW_TOKENS, KL, LR, THREADS = 8, 8, 64, 0.04, 1e-5, 2
 
 
 def build_model(out: Path) -> None:
-    """The random Qwen2 of the issue, with the toy tokenizer (ids < 2048), saved in fp32."""
+    """The benchmark's random Qwen2, with the toy tokenizer (ids < 2048), saved in fp32."""
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
@@ -55,7 +54,7 @@ def build_model(out: Path) -> None:
 
 
 def run_minirl(model: Path, steps: int, out: Path) -> list[dict[str, float]]:
-    """minirl's train.py on the issue's configuration; per-step stage times from its metrics.jsonl."""
+    """minirl's train.py on the benchmark's configuration; per-step stage times from its metrics.jsonl."""
     import torch
     torch.set_num_threads(THREADS)
     import train
@@ -65,9 +64,9 @@ def run_minirl(model: Path, steps: int, out: Path) -> list[dict[str, float]]:
                 "--temperature", "1.0", "--warmup_steps", "0", "--micro_batch_size", str(B * G),
                 "--dtype", "float32", "--max_steps", str(steps), "--output_dir", str(out)])
     rows = [json.loads(line) for line in (out / "metrics.jsonl").open() if "timing_s/step" in line]
-    return [{"gen": r["timing_s/gen"], "reward": r["timing_s/reward"], "logp": r["timing_s/old_log_prob"],
-             "update": r["timing_s/update"] - r["timing_s/old_log_prob"], "step": r["timing_s/step"]}
-            for r in rows]
+    return [{"gen": r["timing_s/gen"], "reward": r["timing_s/reward"],
+             "logp": r["timing_s/old_log_prob"] + r["timing_s/ref"] + r["timing_s/adv"],
+             "update": r["timing_s/update_actor"], "step": r["timing_s/step"]} for r in rows]
 
 
 def run_trl(model: Path, steps: int, out: Path, gradient_checkpointing: bool = True) -> list[dict[str, float]]:
@@ -147,14 +146,14 @@ def main() -> None:
     ap.add_argument("--trl_python", default="/work/trl-venv/bin/python", help="a python with trl==1.16 installed")
     ap.add_argument("--steps", type=int, default=6, help="steps per run (the first is dropped)")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each trainer, alternating")
-    ap.add_argument("--worker", choices=["minirl", "trl", "trl-nogc"], help=argparse.SUPPRESS)
+    ap.add_argument("--trainer", choices=["minirl", "trl", "trl-nogc"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.worker:  # one trainer, in its own process; prints its per-step times as the last line
+    if args.trainer:  # one trainer, in its own process; prints its per-step times as the last line
         model, out = Path(args.model), Path(args.out)
-        times = run_minirl(model, args.steps, out) if args.worker == "minirl" else \
-            run_trl(model, args.steps, out, gradient_checkpointing=args.worker == "trl")
+        times = run_minirl(model, args.steps, out) if args.trainer == "minirl" else \
+            run_trl(model, args.steps, out, gradient_checkpointing=args.trainer == "trl")
         print("BENCH " + json.dumps(times))
         return
 
@@ -165,7 +164,7 @@ def main() -> None:
         build_model(model)
         for i in range(args.repeats):
             for name, python in (("minirl", sys.executable), ("trl", args.trl_python), ("trl-nogc", args.trl_python)):
-                cmd = [python, __file__, "--worker", name, "--model", str(model), "--steps", str(args.steps),
+                cmd = [python, __file__, "--trainer", name, "--model", str(model), "--steps", str(args.steps),
                        "--out", str(Path(tmp) / f"{name}{i}")]
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
                 last = [line for line in proc.stdout.splitlines() if line.startswith("BENCH ")]

@@ -25,7 +25,8 @@ for run in ("lora", "full"):
     rows = [r for r in map(json.loads, open(f"{sys.argv[1]}/{run}/metrics.jsonl")) if "critic/reward/mean" in r][1:]
     n = 32 * 8  # skip the warm-up step above
     tokens = sum(r["response_length/mean"] * n for r in rows)
-    gen, upd = tokens / sum(r["timing_s/gen"] for r in rows), tokens / sum(r["timing_s/update"] for r in rows)
+    train_s = sum(r[f"timing_s/{k}"] for r in rows for k in ("old_log_prob", "ref", "adv", "update"))
+    gen, upd = tokens / sum(r["timing_s/gen"] for r in rows), tokens / train_s
     mem = max(r["perf/max_memory_allocated_gb"] for r in rows)
     print(f"{run}: generation {gen:,.0f} response tokens/s, training {upd:,.0f} response tokens/s, "
           f"peak {mem:.1f} GiB ({len(rows)} steps)")

@@ -8,16 +8,17 @@ An environment is one episode's state. The protocol is two methods:
         # else: messages + [the model's turn as a message, the environment's reply, ...]; the model goes again
 
 `tools` (a list of JSON schemas, or None) is what the chat template receives as `tools=`. The episode runner
-(minirl/agentic/episodes.py) renders the messages with the tokenizer's own chat template, samples, calls `step`, and
-turns the environment's reply into tokens that stay in the context but out of the loss.
+(minirl/agentic/episodes.py) renders the messages with the tokenizer's own chat template, samples, calls
+`step`, and turns the environment's reply into tokens that stay in the context but out of the loss.
 
 Two environments ship:
-- `MathEnv`: single turn; the verifiers of minirl/rewards.py (gsm8k_reward, math_reward by data_source).
+- `MathEnv`: single turn, scored by a minirl/rewards.py Scorer (the verifier of the row's data_source, or
+  the run's own scorer: the same rewards as train.py).
 - `CodeEnv`: the SageMaker code-RL recipe's task. The model may call `check_solution(code)` in every turn but
   the last; the tool runs the problem's *public* tests in the sandboxed judge and returns the verdicts. A turn
   without a tool call (or the last turn) is the final answer: its last fenced code block is judged on the
-  *private* tests, reward 1 if all pass, 0 otherwise, -0.1 with no code block (rewards.reward_from_result,
-  style "binary").
+  *private* tests, reward 1 if all pass, 0 otherwise, -0.1 with no code block (a Scorer with code style
+  "binary").
 
 Tool calls are read from the model's text with the tokenizer's `parse_response` when the tokenizer ships a
 response schema, else as Hermes-style `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks (the
@@ -29,7 +30,7 @@ import json
 import re
 from typing import Protocol
 
-from minirl.rewards import as_problem, judge_completions, reward_fn_for, reward_from_result
+from minirl.rewards import Scorer, as_problem, judge_job
 
 Messages = list[dict]
 
@@ -45,17 +46,18 @@ class Env(Protocol):
 # --- single turn: the verifiers ------------------------------------------------------------------------------
 
 class MathEnv:
-    """One turn, scored by the row's verifier (rewards.reward_fn_for: '#### N' or \\boxed{})."""
+    """One turn, scored by `scorer` (default: the row's built-in verifier, '#### N' or \\boxed{})."""
     tools = None
+
+    def __init__(self, scorer: Scorer | None = None):
+        self.scorer = scorer or Scorer()
 
     def reset(self, problem: dict) -> Messages:
         self.problem = problem
         return list(problem["prompt"])
 
     def step(self, messages: Messages, completion: str) -> tuple[None, float, dict]:
-        reward = reward_fn_for(self.problem["data_source"])(completion,
-                                                            str(self.problem["reward_model"]["ground_truth"]))
-        return None, reward, {}
+        return None, self.scorer([completion], [self.problem])[0], {}
 
 
 # --- code with a test-running tool ---------------------------------------------------------------------------
@@ -111,12 +113,14 @@ class CodeEnv:
     def __init__(self, judge, tokenizer, max_turns: int = 2, num_public_tests: int = 1,
                  max_tool_chars: int = 1000):
         self.judge, self.tokenizer, self.max_turns = judge, tokenizer, max_turns
+        self.scorer = Scorer(judge, code_style="binary")  # the final answer's reward
         self.num_public_tests, self.max_tool_chars = num_public_tests, max_tool_chars
 
     def reset(self, problem: dict) -> Messages:
-        self.truth = as_problem(problem["reward_model"]["ground_truth"])
+        self.problem, self.truth = problem, as_problem(problem["reward_model"]["ground_truth"])
         self.public, self.private = public_and_private_tests(self.truth, self.num_public_tests)
-        self.prompt_turns = sum(m["role"] == "assistant" for m in problem["prompt"])  # few-shot answers are not turns
+        # few-shot answers in the prompt are not the model's turns
+        self.prompt_turns = sum(m["role"] == "assistant" for m in problem["prompt"])
         return list(problem["prompt"])
 
     def step(self, messages: Messages, completion: str) -> tuple[Messages | None, float, dict]:
@@ -125,14 +129,12 @@ class CodeEnv:
         call = next((c for c in calls if c["name"] == "check_solution"
                      and isinstance(c["arguments"].get("code"), str)), None)
         if call is None:  # the final answer: the private tests decide
-            result = judge_completions([completion], [{**self.truth, "tests": self.private}], self.judge)[0]
-            return None, reward_from_result(result, "binary"), {"turns": turn,
-                                                                "verdict": result.verdict if result else "no code"}
-        t = self.truth  # the job as rewards.judge_completions builds it, on the public tests
-        result = self.judge.run_many([dict(source=call["arguments"]["code"], language=t.get("language", "python"),
-                                           tests=self.public, time_limit_s=float(t.get("time_limit_s", 2.0)),
-                                           memory_limit_mb=int(t.get("memory_limit_mb", 256)),
-                                           float_tolerance=t.get("float_tolerance"))])[0]
+            private = {**self.problem, "ability": "code",
+                       "reward_model": {"ground_truth": {**self.truth, "tests": self.private}}}
+            scored = self.scorer.details([completion], [private])[0]
+            return None, scored["reward"], {"turns": turn, "verdict": scored["verdict"]}
+        public = {**self.truth, "tests": self.public}
+        result = self.judge.run_many([judge_job(call["arguments"]["code"], public)])[0]
         content = completion[:completion.find("<tool_call>")].strip() if "<tool_call>" in completion else ""
         tool_call = {"type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
         reply = {"role": "tool", "name": "check_solution", "content": self.report(result)}

@@ -91,7 +91,7 @@ def run_episodes(sampler, tokenizer, make_env: Callable[[], Env], problems: list
                  params: SamplingParams, seed: int | None = None) -> list[list[Episode]]:
     """`group_size` episodes per problem, run to the end. Each round samples the next turn of every live
     episode (all submitted before waiting), then steps their environments in parallel (the judge runs programs
-    on its own workers). The first turn of a group whose prompts agree is one `sample(prompt, G)` call.
+    on its own threads). The first turn of a group whose prompts agree is one `sample(prompt, G)` call.
     With `seed`, every call carries its own seed (SamplingParams.seed), so the samples do not depend on what
     else the sampler ran meanwhile (other threads' groups). Returns one list of episodes per problem."""
     groups = []

@@ -49,7 +49,8 @@ class VLLMEngine:
         self.next_seed = seed * 1000 * SEED_STRIDE + rank * SEED_STRIDE
         self._pushed_version = None
         self.weights_dir = tempfile.mkdtemp(prefix="minirl-vllm-weights-")
-        self.url = url.rstrip("/") or self._start(python, model_path, max_model_len, seed, threads, start_timeout_s)
+        self.url = url.rstrip("/") or self._start(python, model_path, max_model_len, seed, threads,
+                                                  start_timeout_s)
         self.push_seconds: list[float] = []   # the cost of each weight push (docs/rollout.md)
 
     def _start(self, python: str, model_path: str, max_model_len: int, seed: int, threads: int,

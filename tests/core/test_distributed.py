@@ -69,7 +69,7 @@ def test_gradient_is_invariant_to_world_size(tmp_path, random_model, tiny_tokeni
     out = tmp_path / "grads.pt"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "tests" / "core" / "dist_grad_worker.py"), str(data), str(out), agg, "2"]
+           str(ROOT / "tests" / "core" / "torchrun_grads.py"), str(data), str(out), agg, "2"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same(expected, torch.load(out))

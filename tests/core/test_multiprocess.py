@@ -1,8 +1,8 @@
 """train.py on 2 CPU processes (torchrun, gloo): the paths an 8-GPU `accelerate launch` takes, checked against
 one process where the maths says they must agree.
 
-Each run goes through tests/dist_train_worker.py, whose hooks make the global batch the same whatever the number of
-processes (see its docstring). Each 2-process run must also exit cleanly: a hang or an abort at exit fails it.
+Each run goes through tests/core/torchrun_train.py, whose hooks make the global batch the same whatever the
+number of processes (see its docstring). Each 2-process run must also exit cleanly: a hang or an abort at exit fails it.
 """
 import json
 import os
@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from conftest import ROOT
 
-WORKER = ROOT / "tests" / "core" / "dist_train_worker.py"
+HOOKED_TRAIN = ROOT / "tests" / "core" / "torchrun_train.py"
 # B=4 prompts per process on 2 processes = B=8 on one; T=0.7 and a KL term exercise the temperature and reference
 COMMON = ["--max_steps", "2", "--group_size", "4", "--temperature", "0.7", "--kl_coef", "0.05",
           "--micro_batch_size", "3", "--val_files", "", "--warmup_steps", "5", "--seed", "3"]
@@ -24,12 +24,12 @@ SETTINGS = {"dp": [], "fsdp": ["--fsdp", "true"], "lora": ["--lora_rank", "4", "
 
 
 def launch(out, hooks, *args, procs=2, timeout=300):
-    """Run the worker (hooks; or train.py itself for hooks=None) on `procs` processes; returns (metrics rows of
+    """Run torchrun_train.py (hooks; or train.py itself for hooks=None) on `procs` processes; returns (metrics rows of
     the training steps, per-rank info)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(procs)] \
         if procs > 1 else [sys.executable]
-    script = [str(WORKER), str(out), hooks] if hooks else [str(ROOT / "train.py"), "--output_dir", str(out)]
+    script = [str(HOOKED_TRAIN), str(out), hooks] if hooks else [str(ROOT / "train.py"), "--output_dir", str(out)]
     proc = subprocess.run([*prefix, *script, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
     errors = [line for line in proc.stderr.splitlines() if "Error" in line or "exitcode" in line]

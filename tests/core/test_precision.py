@@ -1,6 +1,8 @@
 """bf16 on CPU: the path a GPU run takes with dtype auto. Weights and optimizer state stay fp32 while compute is
 bf16, so updates at a real fine-tuning rate (1e-6) are not rounded away; the final model is saved in the dtype
 its config names."""
+import functools
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -63,7 +65,7 @@ def test_bf16_later_mini_batches_see_the_updated_weights(random_model, tiny_toke
     from minirl.models import autocast
     from minirl.logprobs import token_logprobs
     from minirl.rollout import sample
-    from minirl.update import LossSettings, warmup_constant_schedule
+    from minirl.update import LossSettings, forward_backward, warmup_constant_schedule
     cfg = parse_config(["--mini_batches", "2", "--prompts_per_step", "2", "--group_size", "4", "--warmup_steps", "0"])
     for name, p in random_model.named_parameters():
         p.requires_grad_(name.endswith("proj.weight"))
@@ -77,8 +79,9 @@ def test_bf16_later_mini_batches_see_the_updated_weights(random_model, tiny_toke
         batch["old_logp"] = torch.cat([token_logprobs(random_model, r.input_ids[s:s + 4], r.attention_mask[s:s + 4],
                                                       R)[0] for s in (0, 4)])
     optimizer = torch.optim.AdamW([p for p in random_model.parameters() if p.requires_grad], lr=1e-2)
-    m = train.update(random_model, None, optimizer, warmup_constant_schedule(optimizer, 0), None, batch, cfg,
-                     LossSettings(), 4, bf16)
+    actor_step = functools.partial(forward_backward, random_model, loss=LossSettings())
+    m = train.update(random_model, optimizer, warmup_constant_schedule(optimizer, 0), batch, cfg, actor_step,
+                     "actor", 4, bf16)
     assert abs(m["actor/ppo_kl"]) > 1e-4, m["actor/ppo_kl"]  # the 2nd mini-batch is off-policy, as it must be
 
 

@@ -39,7 +39,7 @@ def test_gsm8k_reward_scores_real_gold_solutions_as_correct():
     (r"\fbox{7}", "7"),
     (r"no box here", None),
     (r"\boxed{unclosed", None),
-    (r"so the answer is \boxed 5.", "5"),                 # no braces, nothing after: used to give None
+    (r"so the answer is \boxed 5.", "5"),                 # no braces, nothing after the answer
     (r"\boxed 5 and later {x}", "5"),                     # no braces, a brace later in the text
     (r"\boxed {12}", "12"),                               # a space before the brace
 ])

@@ -134,11 +134,12 @@ def test_models_the_loop_cannot_take_go_to_generate(monkeypatch, random_model, t
     torch.manual_seed(0)
     rollout.sample(random_model, tiny_tokenizer, PROMPTS, 2, 6)
     assert calls == []
-    for rope in ({"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
-                 {"full_attention": {"rope_type": "longrope", "rope_theta": 10000.0}}):
-        model = copy.deepcopy(random_model)
-        model.config.rope_parameters = rope
-        assert not rollout.shares_prompts(model, 10)
+    import transformers as T
+    dynamic = T.LlamaForCausalLM(T.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64,
+                                               num_hidden_layers=1, num_attention_heads=4, max_position_embeddings=16,
+                                               rope_parameters=dict(rope_type="dynamic", factor=2.0,
+                                                                    rope_theta=10000.0)))
+    assert not rollout.shares_prompts(dynamic, 10) and rollout.shares_prompts(random_model, 10)
     with monkeypatch.context() as m:
         m.setattr(decode, "_plain_attention_cache", lambda cache: False)   # e.g. linear-attention states
         torch.manual_seed(0)
@@ -163,3 +164,14 @@ def test_decode_loop_is_exact_on_fsdps_gathered_model(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = torch.load(out)
     assert torch.equal(got["loop"], got["generate"]) and got["loop"].shape == (6, 10)
+
+
+def test_rollout_engine_config_errors_name_the_key_and_the_fix(tmp_path):
+    from minirl.config import ConfigError, parse_config
+    with pytest.raises(ConfigError, match="rollout_engine.*not one of"):
+        parse_config(["--rollout_engine", "sglang"])
+    with pytest.raises(ConfigError, match="vllm_python.*make vllm"):
+        parse_config(["--rollout_engine", "vllm", "--vllm_python", str(tmp_path / "none")])
+    with pytest.raises(ConfigError, match="rollout_engine.*fsdp"):
+        parse_config(["--rollout_engine", "vllm", "--vllm_url", "http://127.0.0.1:1", "--fsdp", "true"])
+    assert parse_config(["--rollout_engine", "vllm", "--vllm_url", "http://127.0.0.1:1"]).rollout_engine == "vllm"

@@ -86,11 +86,13 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_path):
     rows = load_rows(str(ROOT / "data" / "arith_train.jsonl"), limit=200)
     import torch
     torch.manual_seed(0)
-    rollout, kept, rewards, position, m = train.sample_and_score(model, tok, rows, cfg, 0, 0, 1)
+    timing = {}
+    rollout, kept, rewards, position, m = train.sample_and_score(model, tok, rows, train.Scorer(), cfg, 0, 0, 1,
+                                                                 timing)
     assert len(kept) == 8 and len(rollout.texts) == 32 and rewards.shape == (32,)
     assert all(rewards[4 * g:4 * g + 4].std() > 0 for g in range(8))
     assert position == 8 * m["batch/sampling_rounds"] and m["batch/sampling_rounds"] >= 1
-    assert m["batch/groups"] == 8
+    assert m["batch/groups"] == 8 and timing["gen"] > 0 and timing["reward"] > 0  # every round's time counted
 
 
 def test_code_recipe_trains_on_prepared_problems_with_the_tiny_model(tmp_path, tiny_path):
@@ -110,19 +112,24 @@ def test_code_recipe_trains_on_prepared_problems_with_the_tiny_model(tmp_path, t
 def test_kl_in_reward_with_grpo_folds_the_kl_into_the_sequence_rewards(random_model, tiny_tokenizer, tiny_path):
     import torch
     from minirl.config import ConfigError, parse_config
+    from minirl.logprobs import batched_logprobs
     from minirl.loss import group_advantages, kl_penalty
     from minirl.models import load_model
     from minirl.rollout import sample
+    from minirl.update import compute_advantages
     cfg = parse_config(["--kl_in_reward", "true", "--kl_coef", "0.5", "--group_size", "4"])
     ref = load_model(str(tiny_path))  # a different model than the random policy: KL > 0
     prompts = ["<|im_start|>user\nWhat is 3+4?<|im_end|>\n<|im_start|>assistant\n"] * 2
     torch.manual_seed(0)
     rollout = sample(random_model, tiny_tokenizer, prompts, 4, 6)
     rewards = torch.tensor([1.0, 0, 0, 1, 0, 0, 0, 0])
-    batch, _, m = train.prepare_batch(random_model, ref, None, rollout, rewards, cfg, torch.device("cpu"), 4)
+    seqs = (rollout.input_ids, rollout.attention_mask, rollout.response_ids.shape[1])
+    batch = {"response_mask": rollout.response_mask, "old_logp": batched_logprobs(random_model, *seqs, 4)[0],
+             "ref_logp": batched_logprobs(ref, *seqs, 4)[0]}
+    adv, returns, m = compute_advantages(cfg, rewards, batch)
     kl = (kl_penalty(batch["old_logp"], batch["ref_logp"]) * batch["response_mask"]).sum(1)
-    assert torch.allclose(batch["advantages"], group_advantages(rewards - 0.5 * kl, 4), atol=1e-5)
-    assert m["actor/reward_kl_penalty"] > 0 and not torch.allclose(batch["advantages"], group_advantages(rewards, 4))
+    assert torch.allclose(adv, group_advantages(rewards - 0.5 * kl, 4), atol=1e-5) and returns is None
+    assert m["actor/reward_kl_penalty"] > 0 and not torch.allclose(adv, group_advantages(rewards, 4))
     assert train.LossSettings.from_config(cfg).kl_coef == 0  # and none in the loss
     with pytest.raises(ConfigError, match="kl_in_reward"):
         parse_config(["--kl_in_reward", "true", "--kl_coef", "0"])

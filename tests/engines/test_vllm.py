@@ -80,7 +80,8 @@ def test_seeds_never_repeat_across_calls_and_samples_vary(engine, tiny, tiny_tok
     assert engine.next_seed == start + len(PROMPTS) * 4           # each prompt's G children: seeds s..s+G-1
     b = engine.sample(tiny, tiny_tokenizer, PROMPTS, 4, 10, temperature=1.5)
     assert a.texts != b.texts and len(set(a.texts)) > 3
-    assert a.response_ids.shape[0] == 12 and (a.response_ids[a.response_mask == 0] == tiny_tokenizer.pad_token_id).all()
+    pad = tiny_tokenizer.pad_token_id
+    assert a.response_ids.shape[0] == 12 and (a.response_ids[a.response_mask == 0] == pad).all()
 
 
 def test_grpo_learns_the_toy_task_with_the_vllm_engine(engine, tmp_path, tiny_path):

@@ -1,14 +1,14 @@
 """Helper for test_distributed.py, launched with `torchrun --nproc_per_node 2` (gloo, CPU).
 
 Each process takes its contiguous share of a saved batch, runs forward_backward with the step's global token
-and sequence counts, sums gradients across processes exactly as train.py does, and rank 0 saves them.
+and sequence counts, sums gradients across processes as train.py does, and rank 0 saves them.
 """
 import sys
 
 import torch
 import torch.distributed as dist
 
-import train
+from minirl.distributed import global_counts, sum_gradients_across_processes
 from minirl.toy.tiny import build_model
 from minirl.update import LossSettings, forward_backward
 
@@ -20,10 +20,10 @@ model = build_model(data["vocab"], seed=0, eos_id=data["eos"], pad_id=data["pad"
 model.load_state_dict(data["state"])
 N = data["batch"]["input_ids"].shape[0]
 share = {k: v[rank * N // world:(rank + 1) * N // world] for k, v in data["batch"].items()}
-counts = train.all_reduce_sum(torch.tensor([float(share["response_mask"].sum()), float(len(share["input_ids"]))]))
+num_tokens, num_seqs = global_counts(share["response_mask"])
 forward_backward(model, share, LossSettings(loss_agg_mode=agg, max_new_tokens=data["max_len"]), micro,
-                 num_tokens=float(counts[0]), num_seqs=float(counts[1]))
-train.sum_gradients_across_processes(model)
+                 num_tokens=num_tokens, num_seqs=num_seqs)
+sum_gradients_across_processes(model)
 if rank == 0:
     torch.save({n: p.grad for n, p in model.named_parameters() if p.grad is not None}, out_path)
 dist.barrier()

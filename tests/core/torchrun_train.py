@@ -1,7 +1,7 @@
 """Helper for test_multiprocess.py: run train.main (under torchrun, or in the test's own process) with test hooks,
 then write what each process ended with to <output_dir>/rank<r>.json.
 
-    torchrun --nproc_per_node 2 tests/dist_train_worker.py OUT_DIR HOOKS [train.py args...]
+    torchrun --nproc_per_node 2 tests/core/torchrun_train.py OUT_DIR HOOKS [train.py args...]
 
 HOOKS is a comma-separated list (or "none"):
 - fixed_sampling: each prompt's G completions are sampled alone, under a seed derived from the prompt text, so a
@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 import train
+from minirl import sampling
 from minirl.distributed import gathered, is_sharded, world_size
 from minirl.rollout import Rollout, concat_rollouts
 
@@ -30,7 +31,7 @@ def rank() -> int:
 
 
 def install_hooks(hooks: set[str], group_size: int) -> None:
-    real_sample, real_score = train.sample, train.score
+    real_sample, real_build_scorer = sampling.sample, train.build_scorer
 
     def sample(model, tokenizer, prompts, G, *args, **kwargs):
         if "fixed_sampling" in hooks:
@@ -48,13 +49,16 @@ def install_hooks(hooks: set[str], group_size: int) -> None:
                           pad(out.response_mask, 0), out.truncated, out.texts, out.group_size)
         return out
 
-    def score(texts, rows, *args, **kwargs):
-        rewards = real_score(texts, rows, *args, **kwargs)
-        if "uneven_rewards" in hooks:
-            rewards = [0.0 if i < (rank() + 1) * group_size else r for i, r in enumerate(rewards)]
-        return rewards
+    class UnevenScorer(train.Scorer):  # the training step's rewards; held-out validation keeps the real ones
+        def __call__(self, texts, rows):
+            rewards = super().__call__(texts, rows)
+            return [0.0 if i < (rank() + 1) * group_size else r for i, r in enumerate(rewards)]
 
-    train.sample, train.score = sample, score
+    def build_scorer(cfg, judge=None):
+        s = real_build_scorer(cfg, judge)
+        return UnevenScorer(s.judge, s.code_style, s.extraction, s.reward_fn) if "uneven_rewards" in hooks else s
+
+    sampling.sample, train.build_scorer = sample, build_scorer
 
 
 def checksum(params) -> float:
