@@ -11,13 +11,17 @@ Engines (each a full rollout of B = 8 prompts x G = 8 rows, fp32):
 - vllm:          minirl/engines/vllm_engine.py against a vLLM-CPU server (.venv-vllm, `make vllm`).
 Rounds alternate the engines (A B C D, A B C D, ...), so that drift in the machine's load hits each engine
 alike; the table gives tokens/s (generated tokens, up to each row's EOS, per second of the call), median over
-rounds, and the ratio to generate_path. The shapes: 64 x 12 is recipes/smollm2_cpu.yaml's step (sum
+rounds, and the ratio to generate_path; and tokens per CPU-second (this process's CPU time, plus the vLLM
+server's for vllm), the measure that holds on a machine shared with other work, where wall time mostly
+measures the scheduler (run it with --threads 1 there: OpenMP threads spinning for a descheduled sibling
+would count as CPU time). The shapes: 64 x 12 is recipes/smollm2_cpu.yaml's step (sum
 prompts, T = 0.7), 64 x 256 a GSM8K step (T = 1). vLLM gets as many threads as torch here (OMP_NUM_THREADS).
 What it leaves out: the first call of each engine (warm-up, vLLM's start) is not timed.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -56,6 +60,15 @@ def engines(model, tokenizer, vllm):
     return found
 
 
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time of this process (and of process `pid`, from /proc), in seconds."""
+    total = time.process_time()
+    if pid is not None:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")      # utime, stime
+    return total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -63,10 +76,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--engines", default="generate_path,loop,plain_generate,vllm")
     parser.add_argument("--vllm_python", default=".venv-vllm/bin/python")
+    parser.add_argument("--threads", type=int, default=0, help="torch and vLLM threads (0: torch's default)")
     parser.add_argument("--sums", default="data/sums_train.jsonl")
     parser.add_argument("--gsm8k", default="../shared/data/gsm8k/train.jsonl")
     args = parser.parse_args()
     torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     path = resolve_model_path(args.model)
     model, tokenizer = load_model(path).eval(), load_tokenizer(path)
     names = args.engines.split(",")
@@ -74,7 +90,7 @@ def main() -> None:
     if "vllm" in names:
         from minirl.engines.vllm_engine import VLLMEngine
         t = time.perf_counter()
-        vllm = VLLMEngine(path, python=args.vllm_python, max_model_len=2048)
+        vllm = VLLMEngine(path, python=args.vllm_python, max_model_len=2048, threads=torch.get_num_threads())
         print(f"vllm server started in {time.perf_counter() - t:.1f} s; weight push "
               f"{vllm.push_weights(model):.2f} s (in the engine)", flush=True)
     table = {}
@@ -87,16 +103,21 @@ def main() -> None:
             for f in run.values():                                   # warm-up, untimed
                 f(prompts[:2], 2, 4, T)
             speeds: dict[str, list[float]] = {n: [] for n in run}
+            per_cpu: dict[str, list[float]] = {n: [] for n in run}
             for i in range(args.rounds):
                 for name, f in run.items():
-                    start = time.perf_counter()
+                    pid = vllm.process.pid if name == "vllm" and vllm.process else None
+                    start, cpu = time.perf_counter(), cpu_seconds(pid)
                     out = f(prompts, G, R, T)
-                    seconds = time.perf_counter() - start
+                    seconds, cpu = time.perf_counter() - start, cpu_seconds(pid) - cpu
                     tokens = int(out.response_mask.sum())
                     speeds[name].append(tokens / seconds)
+                    per_cpu[name].append(tokens / cpu)
                     print(f"{shape} round {i} {name:15s} {tokens:6d} tokens {seconds:7.1f} s "
-                          f"{tokens / seconds:7.1f} tok/s", flush=True)
+                          f"{tokens / seconds:7.1f} tok/s  {cpu:7.1f} cpu-s {tokens / cpu:7.1f} tok/cpu-s",
+                          flush=True)
             table[shape] = {n: statistics.median(v) for n, v in speeds.items()}
+            table[shape + " per cpu-s"] = {n: statistics.median(v) for n, v in per_cpu.items()}
     finally:
         if vllm is not None:
             vllm.close()
