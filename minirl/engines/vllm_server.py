@@ -29,7 +29,10 @@ def build_engine(model: str, max_model_len: int, seed: int):
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")          # GiB of KV cache: the machine is shared
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: one less on 2 cores
     from vllm import LLM
-    return LLM(model=model, dtype="float32", max_model_len=max_model_len, seed=seed, enable_prefix_caching=True)
+    # no chunked prefill: vLLM-CPU rewinds a seeded request's generator after a partial prefill, which CPU
+    # generators cannot do ("CPU Generator does not use offset"); so each prompt is prefilled in one step
+    return LLM(model=model, dtype="float32", max_model_len=max_model_len, seed=seed, enable_prefix_caching=True,
+               enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, 16384))
 
 
 def generate(llm, request: dict) -> dict:
