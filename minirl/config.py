@@ -62,6 +62,10 @@ class Config:
     temperature: float = 1.0              # sampling temperature of rollouts (1.0: the policy's own distribution)
     top_p: float = 1.0
     top_k: int = 0                        # 0 disables top-k
+    rollout_engine: Literal["hf", "vllm"] = "hf"  # hf: minirl's decode loop / HF generate; vllm: a vLLM server
+                                          # process fed the weights after every step (docs/rollout.md, `make vllm`)
+    vllm_python: str = ".venv-vllm/bin/python"  # the interpreter of vLLM's own environment (it starts the server)
+    vllm_url: str = ""                    # an already running minirl vLLM server (http://127.0.0.1:PORT); "" = start one
     # --- algorithm -----------------------------------------------------------------------------------------
     algorithm: Literal["grpo", "ppo"] = "grpo"  # grpo: critic-free, advantages from the group; ppo: critic + GAE
     adv_estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"  # see loss.group_advantages
@@ -223,6 +227,12 @@ def check(cfg: Config) -> None:
         raise ConfigError("config keys 'temperature' must be > 0 and 'top_p' in (0, 1]")
     if cfg.algorithm == "grpo" and cfg.adv_estimator in ("grpo", "rloo") and cfg.group_size < 2:
         raise ConfigError(f"config key 'group_size' must be >= 2 for adv_estimator={cfg.adv_estimator!r}")
+    if cfg.rollout_engine == "vllm" and cfg.fsdp:
+        raise ConfigError("config key 'rollout_engine': vllm takes full weights from one process; with fsdp use "
+                          "rollout_engine: hf (or plain data parallelism)")
+    if cfg.rollout_engine == "vllm" and not cfg.vllm_url and not Path(cfg.vllm_python).exists():
+        raise ConfigError(f"config key 'vllm_python': {cfg.vllm_python} does not exist; build vLLM's environment "
+                          "with `make vllm`, or set vllm_url to a running server")
     if cfg.prompts_per_step % cfg.mini_batches:
         raise ConfigError(f"config key 'mini_batches' ({cfg.mini_batches}) must divide 'prompts_per_step' "
                           f"({cfg.prompts_per_step}) so that groups are not split across optimizer steps")

@@ -1,13 +1,15 @@
-"""Rollouts: sample G completions per prompt with Hugging Face `generate`.
+"""Rollouts: sample G completions per prompt, with minirl's decode loop or Hugging Face `generate`.
 
 `sample` is the first of the four stages of a training step (sample -> score -> forward_backward -> optim_step).
-It uses the KV cache and left padding, with each prompt repeated G times (generate's `num_return_sequences`
-would do the same repeat before its prefill). Every generation parameter is passed explicitly in a fresh
-`GenerationConfig`, so a model's shipped `generation_config.json` (a repetition penalty, a default top_p, ...)
-cannot change the sampling distribution the loss assumes.
+It uses the KV cache and left padding. For most models it runs minirl.decode's loop: each prompt is prefilled
+once and its cache copied to its G rows, and rows that have ended leave the batch; it gives generate's tokens
+(that module says why and where it does not apply). Otherwise it runs `generate` over each prompt repeated G
+times, with every generation parameter passed explicitly in a fresh `GenerationConfig`, so a model's shipped
+`generation_config.json` (a repetition penalty, a default top_p, ...) cannot change the sampling distribution
+the loss assumes; the loop applies no processor but ours, so it cannot either.
 
 Sampling uses the Gumbel-max trick (Gumbel 1954; Maddison, Tarlow & Minka 2014, "A* sampling"): the argmax of
-logits/T + Gumbel noise is an exact sample from softmax(logits/T). generate runs in its greedy mode over our own
+logits/T + Gumbel noise is an exact sample from softmax(logits/T). Both paths decode greedily over our own
 logits processors (temperature, top-k, top-p, then the noise). The reason is speed on CPUs: torch.multinomial
 draws an exponential variate per vocabulary entry, 2.8 ms per token for 64 rows x 2048 entries on a 2-core CPU,
 against 0.6 ms for the noise from uniforms (20% of a rollout of the TRL comparison's configuration).
@@ -78,18 +80,27 @@ class GumbelNoise(LogitsProcessor):
     the exponential variates torch.multinomial uses."""
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        # U = 0 would give -inf noise: if it hit every kept entry of a row, argmax would pick a filtered token
-        u = torch.rand_like(scores).clamp_(min=torch.finfo(scores.dtype).tiny)
-        return scores - u.log_().neg_().log_()                                                # (N, V)
+        return add_gumbel_noise(scores, torch.rand_like(scores))                               # (N, V)
+
+
+def add_gumbel_noise(scores: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """scores + Gumbel(0, 1) noise made from uniforms of the same shape (consumed in place)."""
+    # U = 0 would give -inf noise: if it hit every kept entry of a row, argmax would pick a filtered token
+    u = uniforms.clamp_(min=torch.finfo(scores.dtype).tiny)
+    return scores - u.log_().neg_().log_()
+
+
+def warpers(temperature: float, top_p: float, top_k: int) -> list:
+    """What generate's sampling mode would apply to the scores, in its order."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    out = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
+    out += [TopKLogitsWarper(top_k)] if top_k else []
+    return out + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
 
 
 def sampling_processors(temperature: float, top_p: float, top_k: int) -> list:
-    """What generate's sampling mode would apply, in its order, then the noise that makes greedy decoding a sample."""
-    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-    warpers = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
-    warpers += [TopKLogitsWarper(top_k)] if top_k else []
-    warpers += [TopPLogitsWarper(top_p)] if top_p < 1.0 else []
-    return warpers + [GumbelNoise()]
+    """The warpers, then the noise that makes greedy decoding a sample."""
+    return warpers(temperature, top_p, top_k) + [GumbelNoise()]
 
 
 @torch.no_grad()
@@ -99,14 +110,68 @@ def sample(model, tokenizer, prompts: list[str] | list[list[int]], group_size: i
     """Generate `group_size` completions for each prompt: strings (chat template already applied) or token
     lists (the sessions API's prompts, minirl/sessions/client.py), left-padded the same way. A row ends at its
     first EOS or, with `stop`, at the token that completes a stop string (kept in the response, as an EOS is)."""
-    from transformers import GenerationConfig
-
-    device = next(model.parameters()).device
-    enc = (tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-           if isinstance(prompts[0], str) else tokenizer.pad({"input_ids": prompts}, return_tensors="pt")).to(device)
+    enc = encode_prompts(tokenizer, prompts, next(model.parameters()).device)
     prompt_ids = enc.input_ids.repeat_interleave(group_size, dim=0)                               # (N, P)
     prompt_mask = enc.attention_mask.repeat_interleave(group_size, dim=0)
     eos_ids = eos_token_ids(tokenizer, model)
+    budget = cap_new_tokens(model, prompt_ids.shape[1], max_new_tokens)
+    was_training = model.training
+    model.eval()  # dropout off; gradient checkpointing is a training-mode feature, so the KV cache stays on
+    try:
+        response_ids = None
+        if shares_prompts(model, enc.input_ids.shape[1]):  # each prompt prefilled once, finished rows dropped
+            from minirl.decode import decode
+            response_ids = decode(model, enc.input_ids, enc.attention_mask, group_size, budget,
+                                  [] if greedy else warpers(temperature, top_p, top_k), not greedy, eos_ids,
+                                  tokenizer.pad_token_id, _stop_criteria(tokenizer, stop))
+        if response_ids is None:  # None: the model's cache cannot be shared between rows
+            response_ids = _generate(model, tokenizer, prompt_ids, prompt_mask, budget, eos_ids,
+                                     [] if greedy else sampling_processors(temperature, top_p, top_k), stop)
+    finally:
+        model.train(was_training)
+    return make_rollout(tokenizer, prompt_ids, prompt_mask, response_ids, eos_ids, group_size, stop)
+
+
+def encode_prompts(tokenizer, prompts: list[str] | list[list[int]], device):
+    """Strings (chat template applied) or token lists, left-padded: .input_ids, .attention_mask (B, P)."""
+    if isinstance(prompts[0], str):
+        return tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    return tokenizer.pad({"input_ids": prompts}, return_tensors="pt").to(device)
+
+
+def make_rollout(tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor,
+                 eos_ids: list[int], group_size: int, stop: list[str] | None = None) -> Rollout:
+    """The Rollout of generated (N, R') response ids: each row ends at its first EOS or stop string, padding
+    after it (whatever an engine put there), its text decoded."""
+    mask, truncated = response_mask_from_ids(response_ids, eos_ids)
+    if stop:
+        mask, truncated = _mask_after_stop(response_ids, mask, truncated, tokenizer, stop)
+    response_ids = response_ids.masked_fill(mask == 0, tokenizer.pad_token_id)
+    texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+    return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=mask,
+                   truncated=truncated, texts=texts, group_size=group_size)
+
+
+def shares_prompts(model, prompt_tokens: int) -> bool:
+    """Whether minirl.decode's loop (each prompt prefilled once, finished rows dropped) gives what generate
+    gives. Not for RoPE variants whose frequencies depend on the longest position in the call (a prefill one
+    token shorter, or a batch that loses rows, would change them), nor for one-token prompts (nothing to
+    prefill). The cache type is checked after the prefill (minirl.decode)."""
+    from minirl.logprobs import length_dependent_rope
+    return prompt_tokens > 1 and not length_dependent_rope(model)
+
+
+def _stop_criteria(tokenizer, stop: list[str] | None):
+    """generate's own test of "the text now ends with a stop string", for minirl.decode's loop."""
+    from transformers import StopStringCriteria
+    return StopStringCriteria(tokenizer, list(stop)) if stop else None
+
+
+def _generate(model, tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
+              eos_ids: list[int], processors: list, stop: list[str] | None) -> torch.Tensor:
+    """Hugging Face generate over the N repeated rows: the path for the models minirl.decode does not take.
+    -> (N, R') response ids, rows that ended early padded."""
+    from transformers import GenerationConfig
     # generate() fills every field we leave unset (None) from the model's generation_config, then from HF's
     # global defaults (top_k=50!). So start from those global defaults and set every field ourselves; the
     # sampling fields keep their defaults, because the sampling happens in our processors (module docstring).
@@ -115,33 +180,20 @@ def sample(model, tokenizer, prompts: list[str] | list[list[int]], group_size: i
     # Fields whose global default is None (suppress_tokens, sequence_bias, min_new_tokens, ...) would still come
     # from the model's own config, so generate also sees ours as the model's, for this call only.
     fields = {k: v for k, v in GenerationConfig._get_default_generation_params().items() if k != "max_length"}
-    fields.update(do_sample=False, max_new_tokens=cap_new_tokens(model, prompt_ids.shape[1], max_new_tokens),
-                  use_cache=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids,
+    fields.update(do_sample=False, max_new_tokens=max_new_tokens, use_cache=True,
+                  pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids,
                   stop_strings=list(stop) if stop else None)
     gen_config = GenerationConfig(**fields)
-    processors = [] if greedy else sampling_processors(temperature, top_p, top_k)
-    was_training, model_config = model.training, model.generation_config
-    model.eval()  # dropout off; gradient checkpointing is a training-mode feature, so the KV cache stays on
-    model.generation_config = gen_config
+    model_config, model.generation_config = model.generation_config, gen_config
     try:
         # synced_gpus=False: with FSDP the trainer gathers the full weights first (distributed.gathered), so no
         # process needs to keep stepping for the others
         out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, synced_gpus=False,
                              generation_config=gen_config, logits_processor=LogitsProcessorList(processors),
-                             tokenizer=tokenizer if stop else None)
+                             tokenizer=tokenizer if stop else None)                                # (N, P + R')
     finally:
         model.generation_config = model_config
-        model.train(was_training)                                                                  # out: (N, P + R')
-    P = prompt_ids.shape[1]
-    response_ids = out[:, P:]
-    mask, truncated = response_mask_from_ids(response_ids, eos_ids)
-    if stop:
-        mask, truncated = _mask_after_stop(response_ids, mask, truncated, tokenizer, stop)
-    response_ids = response_ids.masked_fill(mask == 0, tokenizer.pad_token_id)
-    # generate pads rows that stopped early; the mask above already covers them
-    texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-    return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=mask,
-                   truncated=truncated, texts=texts, group_size=group_size)
+    return out[:, prompt_ids.shape[1]:]
 
 
 def _mask_after_stop(response_ids: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor, tokenizer,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import replace
+from typing import Callable
 
 import torch
 
@@ -31,12 +32,13 @@ def timed(name: str, timing: dict[str, float]):
     timing[name] = timing.get(name, 0.0) + time.perf_counter() - t0
 
 
-def sample_round(policy, tokenizer, rows: list[dict], scorer: Scorer, cfg: Config, timing: dict[str, float]
-                 ) -> tuple[Rollout, torch.Tensor]:
-    """gen and reward once: G completions for each row, and their rewards (N,)."""
+def sample_round(policy, tokenizer, rows: list[dict], scorer: Scorer, cfg: Config, timing: dict[str, float],
+                 generate: Callable | None = None) -> tuple[Rollout, torch.Tensor]:
+    """gen and reward once: G completions for each row, and their rewards (N,). `generate` has rollout.sample's
+    signature (the vLLM engine's sample, minirl/engines); None: rollout.sample."""
     with timed("gen", timing), gathered(policy):  # FSDP: full weights once per rollout, not per token
-        rollout = sample(policy, tokenizer, [prompt_text(r, tokenizer) for r in rows], cfg.group_size,
-                         cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
+        rollout = (generate or sample)(policy, tokenizer, [prompt_text(r, tokenizer) for r in rows],
+                                       cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
     with timed("reward", timing):
         rewards = torch.tensor(scorer(rollout.texts, [r for r in rows for _ in range(cfg.group_size)]))
         if cfg.overlong_buffer:  # DAPO's soft overlong punishment
@@ -46,7 +48,7 @@ def sample_round(policy, tokenizer, rows: list[dict], scorer: Scorer, cfg: Confi
 
 
 def sample_and_score(policy, tokenizer, train_rows: list[dict], scorer: Scorer, cfg: Config, position: int,
-                     rank: int, world: int, timing: dict[str, float]
+                     rank: int, world: int, timing: dict[str, float], generate: Callable | None = None
                      ) -> tuple[Rollout, list[dict], torch.Tensor, int, dict[str, float]]:
     """gen and reward for one step: B prompts from the stream, G completions each, their rewards.
 
@@ -64,7 +66,7 @@ def sample_and_score(policy, tokenizer, train_rows: list[dict], scorer: Scorer, 
         return rows, position + B * world
 
     rows, position = next_prompts(position)
-    rollout, rewards = sample_round(policy, tokenizer, rows, scorer, cfg, timing)
+    rollout, rewards = sample_round(policy, tokenizer, rows, scorer, cfg, timing, generate)
     if not cfg.dynamic_sampling:
         return rollout, rows, rewards, position, {}
     parts, kept_rows, kept_rewards, rounds = [], [], [], 1
@@ -76,7 +78,7 @@ def sample_and_score(policy, tokenizer, train_rows: list[dict], scorer: Scorer, 
         if global_min(len(kept_rows)) == B or rounds >= cfg.max_sampling_rounds:
             break
         rows, position = next_prompts(position)
-        rollout, rewards = sample_round(policy, tokenizer, rows, scorer, cfg, timing)
+        rollout, rewards = sample_round(policy, tokenizer, rows, scorer, cfg, timing, generate)
         rounds += 1
     kept = len(kept_rows)
     padding = max(int(global_max(kept)), 1) - kept
