@@ -140,7 +140,8 @@ class RemoteJudge(JudgeFrontend):
         verdict = (reply.get("extra") or {}).get("minirl")
         if not isinstance(verdict, dict):
             raise Unavailable("the reply to /submit has no extra.minirl verdict")
-        if verdict.get("verdict") == "RE" and str(verdict.get("message", "")).startswith("judge error"):
+        if (verdict.get("verdict") == "RE" and not verdict.get("tests")  # a program's RE has its run
+                and str(verdict.get("message", "")).startswith("judge error")):
             raise Unavailable(verdict["message"][:300])  # that server's judge failed, not the program
         return JudgeResult(**verdict)
 

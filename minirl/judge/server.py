@@ -162,8 +162,9 @@ def _response(status: str, compile_result: dict | None, run_result: dict | None,
 
 
 def is_judge_fault(res: JudgeResult) -> bool:
-    """A failure of the judge itself (pool.py returns it as RE with this message), not of the program."""
-    return res.verdict == "RE" and res.message.startswith("judge error")
+    """A failure of the judge itself (pool.py returns it as RE with this message and no test run), not of the
+    program: a program's RE has its test's run, and its message is the program's stderr, which may say anything."""
+    return res.verdict == "RE" and not res.tests and res.message.startswith("judge error")
 
 
 def run_code_response(res: JudgeResult, language: str) -> dict:

@@ -1,0 +1,107 @@
+"""An adversarial review of the judge's network backends: what a program or a broken server does to a verdict.
+
+Each test is a finding: a program that spoofs a judge fault, a reply a server breaks off mid-body, a request
+the server cannot parse. Fake servers are raw sockets on loopback ports; nothing here needs a sandbox except
+the test that runs the spoofing program itself.
+"""
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from minirl.judge import Judge, JudgeResult
+from minirl.judge.remote import RemoteJudge
+from minirl.judge.server import RequestError, is_judge_fault, parse_submit, run_code_response
+
+SPOOF = "import sys\nsys.stderr.write('judge error: the sandbox failed')\nsys.exit(1)\n"
+JOB = dict(source="print(1)", language="python", tests=[{"input": "", "output": "1"}], time_limit_s=1.0)
+
+
+def fake_server(reply: bytes, stall_s: float = 0.0) -> str:
+    """A loopback server that answers every request with the raw bytes `reply`, then stalls and closes."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+
+    def answer(conn: socket.socket) -> None:
+        with conn:
+            conn.recv(1 << 16)
+            conn.sendall(reply)
+            time.sleep(stall_s)
+
+    def loop() -> None:
+        while True:
+            conn, _ = srv.accept()
+            threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=loop, daemon=True).start()
+    return f"http://127.0.0.1:{srv.getsockname()[1]}"
+
+
+def http_200(body: bytes, length: int | None = None) -> bytes:
+    return (f"HTTP/1.1 200 OK\r\nServer: minirl-judge\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body) if length is None else length}\r\n\r\n").encode() + body
+
+
+# --- a program's stderr is not a judge fault ---------------------------------------------------------------
+
+def test_a_programs_stderr_saying_judge_error_is_not_a_judge_fault():
+    # what the judge returns for SPOOF: RE on its one test, the program's stderr as the message
+    res = JudgeResult("RE", 0, 1, [{"verdict": "RE", "time_s": 0.01, "wall_s": 0.05, "memory_mb": 8.0,
+                                    "stdout": "", "stderr": "judge error: x", "returncode": 1}],
+                      message="judge error: the sandbox failed")
+    assert not is_judge_fault(res)
+    assert run_code_response(res, "python")["status"] == "Failed"
+    assert is_judge_fault(JudgeResult("RE", 0, 1, message="judge error: OSError: no sandbox"))  # no test ran
+
+
+def test_a_program_spoofing_a_judge_error_is_re_through_the_server_not_sandbox_error():
+    with Judge(workers=1) as judge:
+        res = judge.run(SPOOF, "python", [{"input": "", "output": ""}])
+    assert res.verdict == "RE" and res.message.startswith("judge error")  # the program's own words
+    assert run_code_response(res, "python")["status"] == "Failed"
+
+
+def test_remote_judge_keeps_a_spoofing_programs_re_instead_of_retrying_every_server():
+    verdict = {"verdict": "RE", "passed": 0, "total": 1, "message": "judge error: fake", "compile_s": 0.0,
+               "tests": [{"verdict": "RE", "time_s": 0.01, "wall_s": 0.05, "memory_mb": 8.0}]}
+    url = fake_server(http_200(json.dumps({"extra": {"minirl": verdict}}).encode()))
+    with RemoteJudge([url], retries=1, protocol="minirl") as judge:
+        res = judge.run_many([JOB])[0]
+    assert res.verdict == "RE" and res.tests, res  # the program's verdict, not "no judge server answered"
+
+
+# --- a broken reply is a verdict, never an exception --------------------------------------------------------
+
+@pytest.mark.parametrize("reply", [
+    http_200(b"<html>502 from a proxy</html>"),          # not JSON
+    http_200(b'{"status"', length=1000),                 # the server died mid-body
+    http_200(b"[1, 2]"),                                 # JSON, not an object
+    http_200(json.dumps({"extra": {"minirl": {"verdict": "AC", "passed": 1, "total": 1,
+                                              "from_a_newer_server": 1}}}).encode()),
+], ids=["not-json", "truncated", "not-an-object", "unknown-field"])
+def test_remote_judge_turns_a_broken_reply_into_a_verdict(reply):
+    with RemoteJudge([fake_server(reply)], retries=1, cooldown_s=0.0, protocol="minirl") as judge:
+        res = judge.run_many([JOB])[0]
+    assert res.verdict == "RE" and res.message.startswith("judge error"), res
+
+
+def test_remote_judge_turns_a_body_that_never_comes_into_a_verdict_in_bounded_time():
+    url = fake_server(http_200(b"{", length=1000), stall_s=30.0)
+    start = time.monotonic()
+    with RemoteJudge([url], retries=1, timeout_s=1.0, protocol="minirl") as judge:
+        res = judge.run_many([JOB])[0]
+    assert res.verdict == "RE" and res.message.startswith("judge error"), res
+    assert time.monotonic() - start < 20
+
+
+# --- the server refuses what it cannot parse ----------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["1 2", {"stdin": "1 2"}, None])
+def test_submit_with_a_test_in_the_wrong_shape_is_a_request_error(case):
+    body = {"completion": "print(1)", "config": {"language": "python", "provided_data": {"test": [
+        {"input": case, "output": "3"}]}}}
+    with pytest.raises(RequestError):
+        parse_submit(body, 256)
