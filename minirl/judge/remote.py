@@ -143,7 +143,10 @@ class RemoteJudge(JudgeFrontend):
         if (verdict.get("verdict") == "RE" and not verdict.get("tests")  # a program's RE has its run
                 and str(verdict.get("message", "")).startswith("judge error")):
             raise Unavailable(verdict["message"][:300])  # that server's judge failed, not the program
-        return JudgeResult(**verdict)
+        try:
+            return JudgeResult(**verdict)
+        except TypeError as e:  # a server of another minirl version: fields this one does not know
+            raise Unavailable(f"extra.minirl is not a verdict of this minirl ({e})") from None
 
     def _run_tests(self, url: str, job: dict) -> JudgeResult:
         """SandboxFusion: one /run_code per test, in order up to the first TLE; outputs compared here."""
@@ -174,9 +177,14 @@ class RemoteJudge(JudgeFrontend):
         return JudgeResult(verdict, passed, total, runs, message, compile_s)
 
     def _post(self, url: str, body: dict, timeout: float) -> dict:
-        with self._request(url, json.dumps(body).encode(), timeout) as r:
-            reply = json.loads(r.read())
-        if isinstance(reply, dict) and reply.get("status") == "SandboxError":
+        try:  # the body may break off (the server died), stall past the timeout, or not be JSON (a proxy)
+            with self._request(url, json.dumps(body).encode(), timeout) as r:
+                reply = json.loads(r.read())
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            raise Unavailable(f"the reply broke off or is not JSON ({type(e).__name__}: {e})") from None
+        if not isinstance(reply, dict):
+            raise Unavailable(f"the reply is not a JSON object: {str(reply)[:100]}")
+        if reply.get("status") == "SandboxError":
             raise Unavailable(f"SandboxError: {str(reply.get('message'))[:300]}")
         return reply
 
