@@ -115,8 +115,9 @@ def parse_submit(body: dict, default_memory_mb: int) -> tuple[dict, str]:
                            "[{'input': {'stdin': ...}, 'output': {'stdout': ...}}]")
     tests = []
     for i, case in enumerate(cases):
-        stdin = case.get("input", {}).get("stdin") if isinstance(case, dict) else None
-        stdout = case.get("output", {}).get("stdout") if isinstance(case, dict) else None
+        given, wanted = (case.get("input"), case.get("output")) if isinstance(case, dict) else (None, None)
+        stdin = given.get("stdin") if isinstance(given, dict) else None
+        stdout = wanted.get("stdout") if isinstance(wanted, dict) else None
         if not isinstance(stdin, str) or not isinstance(stdout, str):
             raise RequestError(f"'config.provided_data.test[{i}]' must be {{'input': {{'stdin': str}}, "
                                "'output': {'stdout': str}}; files other than stdin/stdout are not supported")
