@@ -72,7 +72,10 @@ def _language(value) -> str:
 
 
 def _limits(run_timeout, memory_mb, default_memory_mb: int) -> tuple[float, int]:
-    time_limit_s = float(run_timeout if run_timeout is not None else DEFAULT_RUN_TIMEOUT_S)
+    try:
+        time_limit_s = float(run_timeout if run_timeout is not None else DEFAULT_RUN_TIMEOUT_S)
+    except OverflowError:  # an integer too large for a float
+        time_limit_s = float("inf")
     if not 0 < time_limit_s <= 600:
         raise RequestError(f"'run_timeout' must be in (0, 600] seconds, got {run_timeout!r}")
     memory_mb = default_memory_mb if memory_mb is None or memory_mb == -1 else int(memory_mb)
@@ -262,15 +265,18 @@ def _handler(server: JudgeServer):
             raw = self.rfile.read(int(length))
             if path not in ("/run_code", "/submit"):
                 return self.send_json(404, {"detail": f"no route POST {self.path}; try /run_code or /submit"})
-            try:
+            try:  # ValueError: also integers past Python's 4300 digits; RecursionError: arrays nested too deep
                 body = json.loads(raw or b"null")
+            except (ValueError, RecursionError) as e:
+                return self.send_json(400, {"detail": f"the body is not valid JSON ({str(e)[:200]})"})
+            try:
                 if not isinstance(body, dict):
                     raise RequestError("the body must be a JSON object")
                 reply = server.handle(path, body)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                return self.send_json(400, {"detail": f"the body is not valid JSON ({e})"})
             except RequestError as e:
                 return self.send_json(400, {"detail": str(e)})
+            except Exception as e:  # noqa: BLE001 -- a request this code did not foresee: answer, keep serving
+                return self.send_json(500, {"detail": f"the server failed on this request ({type(e).__name__})"})
             self.send_json(200, reply)
 
     return Handler

@@ -105,3 +105,33 @@ def test_submit_with_a_test_in_the_wrong_shape_is_a_request_error(case):
         {"input": case, "output": "3"}]}}}
     with pytest.raises(RequestError):
         parse_submit(body, 256)
+
+
+@pytest.fixture(scope="module")
+def server():
+    from minirl.judge.server import serve
+    with Judge(workers=1) as judge:
+        s = serve(judge, port=0, memory_limit_mb=128)
+        yield s
+        s.close()
+
+
+def post_raw(url: str, raw: bytes) -> int:
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(url, raw, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        json.loads(e.read())  # an answer in FastAPI's {"detail": ...} shape, not a dropped connection
+        return e.code
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"code": "print(1)", "language": "python", "run_timeout": ' + b"9" * 400 + b"}",   # no float holds it
+    b'{"code": "print(1)", "language": "python", "x": ' + b"9" * 5000 + b"}",           # past 4300 digits
+    b'{"x": ' + b"[" * 100000 + b"]" * 100000 + b"}",                                     # nested too deep
+], ids=["huge-timeout", "huge-integer", "deep-nesting"])
+def test_the_server_answers_400_to_hostile_json_instead_of_dropping_the_connection(server, raw):
+    assert post_raw(server.url + "/run_code", raw) == 400
