@@ -135,7 +135,8 @@ class RemoteJudge(JudgeFrontend):
             "provided_data": {"test": [{"input": {"stdin": t["input"]}, "output": {"stdout": t["output"]}}
                                        for t in job["tests"]]},
             "extra": {"minirl": {"memory_limit_mb": int(job.get("memory_limit_mb", 256)),
-                                 "float_tolerance": job.get("float_tolerance")}}}}
+                                 "float_tolerance": job.get("float_tolerance"),
+                                 "processes": bool(job.get("processes", False))}}}}
         reply = self._post(url + "/submit", body, self._timeout(job, len(job["tests"])))
         verdict = (reply.get("extra") or {}).get("minirl")
         if not isinstance(verdict, dict):

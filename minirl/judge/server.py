@@ -26,8 +26,9 @@ server's --memory-limit-mb. `compile_timeout` is ignored: the judge's compiler h
 
 POST /submit judges a whole program on all its tests in one `Judge.run_many` job (the pool shares the tests
 of one program between idle workers): `config.provided_data.test` holds the tests, `config.run_timeout` the
-time limit, and `config.extra.minirl` minirl's own settings (`memory_limit_mb`, `float_tolerance`); the reply is
-an `EvalResult` with minirl's whole verdict in `extra.minirl` (what minirl/judge/remote.py reads).
+time limit, and `config.extra.minirl` minirl's own settings (`memory_limit_mb`, `float_tolerance`,
+`processes`); the reply is an `EvalResult` with minirl's whole verdict in `extra.minirl` (what
+minirl/judge/remote.py reads).
 
 Left out, with a 400 that says so: languages other than cpp and python, `files`, `fetch_files`, /run_jupyter,
 the dataset endpoints. Nothing here authenticates: the server binds 127.0.0.1 unless told otherwise; put it
@@ -133,7 +134,7 @@ def parse_submit(body: dict, default_memory_mb: int) -> tuple[dict, str]:
                                       _field(ours, "memory_limit_mb", int), default_memory_mb)
     tolerance = _field(ours, "float_tolerance", (int, float))
     return dict(source=code, language=language, tests=tests, time_limit_s=time_limit_s, memory_limit_mb=memory_mb,
-                float_tolerance=tolerance), code
+                float_tolerance=tolerance, processes=_field(ours, "processes", bool, False)), code
 
 
 # --- minirl's verdicts in SandboxFusion's words ----------------------------------------------------------

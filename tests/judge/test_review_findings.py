@@ -135,3 +135,15 @@ def post_raw(url: str, raw: bytes) -> int:
 ], ids=["huge-timeout", "huge-integer", "deep-nesting"])
 def test_the_server_answers_400_to_hostile_json_instead_of_dropping_the_connection(server, raw):
     assert post_raw(server.url + "/run_code", raw) == 400
+
+
+FORKING = "import os\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)\nprint(3)\n"
+
+
+def test_remote_judge_carries_processes_true_so_a_forking_solution_stays_ac(server):
+    job = dict(source=FORKING, language="python", tests=[{"input": "", "output": "3"}], time_limit_s=2.0,
+               memory_limit_mb=128, processes=True)
+    assert server.judge.run_many([job])[0].verdict == "AC"  # the local judge, for reference
+    with RemoteJudge([server.url], retries=1) as judge:
+        res = judge.run_many([job])[0]
+    assert res.verdict == "AC", res
