@@ -180,7 +180,7 @@ class RemoteJudge(JudgeFrontend):
     def _post(self, url: str, body: dict, timeout: float) -> dict:
         try:  # the body may break off (the server died), stall past the timeout, or not be JSON (a proxy)
             with self._request(url, json.dumps(body).encode(), timeout) as r:
-                reply = json.loads(r.read())
+                reply = json.loads(_read_by(r, time.monotonic() + timeout))
         except (OSError, http.client.HTTPException, ValueError) as e:
             raise Unavailable(f"the reply broke off or is not JSON ({type(e).__name__}: {e})") from None
         if not isinstance(reply, dict):
@@ -200,6 +200,17 @@ class RemoteJudge(JudgeFrontend):
             raise Refused(f"HTTP {e.code}: {detail}") from None
         except (urllib.error.URLError, http.client.HTTPException, ConnectionError, socket.timeout, OSError) as e:
             raise Unavailable(f"{type(e).__name__}: {e}") from None
+
+
+def _read_by(r, deadline: float) -> bytes:
+    """The reply's body, or TimeoutError past `deadline`: urlopen's timeout bounds each read of the socket, not
+    the whole body, so a server sending a byte now and then would hold the job for ever."""
+    chunks = []
+    while chunk := r.read1(1 << 16):
+        chunks.append(chunk)
+        if time.monotonic() > deadline:
+            raise TimeoutError("the reply's body took longer than the timeout")
+    return b"".join(chunks)
 
 
 def _verdict(reply: dict, expected: str, float_tolerance: float | None) -> tuple[str, str, float]:
