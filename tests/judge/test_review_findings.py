@@ -181,3 +181,27 @@ def test_remote_judge_bounds_a_reply_that_trickles_in_by_its_timeout():
         res = judge.run_many([JOB])[0]
     assert time.monotonic() - start < 10  # the whole body would take 20 s
     assert res.verdict == "RE" and res.message.startswith("judge error"), res
+
+
+# --- /run_code's stdout is what the client compares: never a cut of it --------------------------------------
+
+PADDED_WRONG = "import sys\nsys.stdout.write('wrong' + ' ' * (17 << 20) + 'junk\\n')\n"  # past what is kept
+
+
+def test_run_code_never_returns_a_cut_stdout_that_a_client_would_accept(server):
+    from minirl.judge.server import parse_run_code
+    job = parse_run_code({"code": PADDED_WRONG, "language": "python"}, 128)
+    reply = run_code_response(server.judge.run_many([job])[0], "python")
+    run = reply["run_result"]
+    # a client comparing the stripped stdout with "wrong" would accept the cut 'wrong' + spaces: the run must fail
+    # (as SandboxFusion reports a run with a non-zero return code) or come back whole
+    failed = reply["status"] == "Failed" and run["return_code"] not in (0, None)
+    assert failed or run["stdout"].split() == ["wrong", "junk"], (reply["status"], run["return_code"])
+
+
+def test_run_code_returns_a_correct_programs_2_mib_of_output_whole(server):
+    from minirl.judge.server import parse_run_code
+    code = "print('\\n'.join(str(i) for i in range(300000)))\n"  # ~2 MiB, a correct answer
+    reply = run_code_response(server.judge.run_many([parse_run_code({"code": code, "language": "python"}, 128)])[0],
+                              "python")
+    assert reply["status"] == "Success" and reply["run_result"]["stdout"].split()[-1] == "299999"
