@@ -216,6 +216,8 @@ def _read_by(r, deadline: float) -> bytes:
 def _verdict(reply: dict, expected: str, float_tolerance: float | None) -> tuple[str, str, float]:
     """minirl's verdict of one RunCodeResponse, the message to keep, and the compile time."""
     comp, run = reply.get("compile_result"), reply.get("run_result")
+    if not isinstance(comp, (dict, type(None))) or not isinstance(run, (dict, type(None))):
+        raise Unavailable(f"compile_result and run_result must be objects (status {reply.get('status')!r})")
     compile_s = float((comp or {}).get("execution_time") or 0.0)
     if comp and (comp.get("status") != "Finished" or comp.get("return_code") != 0):
         return "CE", comp.get("stderr") or comp.get("stdout") or "", compile_s

@@ -205,3 +205,14 @@ def test_run_code_returns_a_correct_programs_2_mib_of_output_whole(server):
     reply = run_code_response(server.judge.run_many([parse_run_code({"code": code, "language": "python"}, 128)])[0],
                               "python")
     assert reply["status"] == "Success" and reply["run_result"]["stdout"].split()[-1] == "299999"
+
+
+@pytest.mark.parametrize("reply", [
+    {"status": "Success", "compile_result": None, "run_result": "Finished"},
+    {"status": "Success", "compile_result": [0], "run_result": {"status": "Finished", "return_code": 0}},
+], ids=["run-result-a-string", "compile-result-a-list"])
+def test_remote_judge_turns_a_sandboxfusion_reply_of_the_wrong_shape_into_a_verdict(reply):
+    url = fake_server(http_200(json.dumps(reply).encode()))
+    with RemoteJudge([url], retries=1, cooldown_s=0.0, protocol="sandboxfusion") as judge:
+        res = judge.run_many([JOB])[0]
+    assert res.verdict == "RE" and res.message.startswith("judge error"), res
