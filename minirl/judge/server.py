@@ -47,6 +47,7 @@ from minirl.judge import Judge, JudgeResult
 
 MAX_BODY_BYTES = 256 << 20         # a program and its tests (CodeContests problems carry MBs of tests)
 LANGUAGES = ("cpp", "python")      # SandboxFusion's names for the two languages minirl judges
+_LANG = re.compile(r"[\w+#-]*")      # a fence's language: the start of its info line
 SERVER_NAME = "minirl-judge"       # the Server header: how minirl/judge/remote.py tells this server from SandboxFusion
 DEFAULT_RUN_TIMEOUT_S = 10.0       # RunCodeRequest's default run_timeout
 
@@ -102,11 +103,21 @@ def parse_run_code(body: dict, default_memory_mb: int) -> dict:
 def _fenced_code(completion: str, language: str) -> str:
     """SandboxFusion's default extraction, in short: the first fenced block of the language, else the first
     fenced block, else the completion as it is."""
-    blocks = re.findall(r"```([\w+#-]*)[^\n]*\n(.*?)```", completion, re.DOTALL)
-    for lang, code in blocks:
-        if lang.lower() in ({"cpp", "c++"} if language == "cpp" else {"python", "python3", "py"}):
+    names = {"cpp", "c++"} if language == "cpp" else {"python", "python3", "py"}
+    first, pos = None, 0
+    # a scan with str.find, not a regex: a lazy match retried from every unclosed fence is quadratic, and a
+    # completion of 600 KB of backticks would hold the GIL, hence the whole server, for minutes
+    while (start := completion.find("```", pos)) != -1:
+        eol = completion.find("\n", start + 3)
+        end = completion.find("```", eol + 1) if eol != -1 else -1
+        if end == -1:
+            break
+        lang, code = _LANG.match(completion, start + 3).group().lower(), completion[eol + 1:end]
+        if lang in names:
             return code
-    return blocks[0][1] if blocks else completion
+        first = code if first is None else first
+        pos = end + 3
+    return completion if first is None else first
 
 
 def parse_submit(body: dict, default_memory_mb: int) -> tuple[dict, str]:

@@ -216,3 +216,14 @@ def test_remote_judge_turns_a_sandboxfusion_reply_of_the_wrong_shape_into_a_verd
     with RemoteJudge([url], retries=1, cooldown_s=0.0, protocol="sandboxfusion") as judge:
         res = judge.run_many([JOB])[0]
     assert res.verdict == "RE" and res.message.startswith("judge error"), res
+
+
+def test_submit_extracts_code_from_a_completion_of_unclosed_fences_in_linear_time():
+    from minirl.judge.server import _fenced_code
+    body = {"completion": "```" * 60000, "config": {"language": "python", "provided_data": {"test": [
+        {"input": {"stdin": ""}, "output": {"stdout": "1"}}]}}}  # 180 KB, a degenerate completion
+    start = time.monotonic()  # the regex, retried from every unclosed fence, takes ~20 s here with the GIL held
+    parse_submit(body, 256)
+    assert time.monotonic() - start < 5, "fence extraction is quadratic: the whole server stalls meanwhile"
+    assert _fenced_code("text\n```py\nprint(1)\n```\n```cpp\nint main(){}\n```", "cpp") == "int main(){}\n"
+    assert _fenced_code("```\nfirst\n```", "python") == "first\n"
