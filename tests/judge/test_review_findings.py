@@ -19,16 +19,24 @@ SPOOF = "import sys\nsys.stderr.write('judge error: the sandbox failed')\nsys.ex
 JOB = dict(source="print(1)", language="python", tests=[{"input": "", "output": "1"}], time_limit_s=1.0)
 
 
-def fake_server(reply: bytes, stall_s: float = 0.0) -> str:
-    """A loopback server that answers every request with the raw bytes `reply`, then stalls and closes."""
+def fake_server(reply: bytes, stall_s: float = 0.0, head: int | None = None, every_s: float = 0.0) -> str:
+    """A loopback server that answers every request with the raw bytes `reply` (its first `head` at once, the
+    rest one byte every `every_s` seconds), then stalls `stall_s` and closes."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(16)
+    head = len(reply) if head is None else head
 
     def answer(conn: socket.socket) -> None:
         with conn:
             conn.recv(1 << 16)
-            conn.sendall(reply)
+            try:
+                conn.sendall(reply[:head])
+                for byte in reply[head:]:
+                    time.sleep(every_s)
+                    conn.sendall(bytes([byte]))
+            except OSError:  # the client gave up: what some tests check
+                return
             time.sleep(stall_s)
 
     def loop() -> None:
@@ -149,35 +157,12 @@ def test_remote_judge_carries_processes_true_so_a_forking_solution_stays_ac(serv
     assert res.verdict == "AC", res
 
 
-def trickling_server(body: bytes, every_s: float) -> str:
-    """A loopback server whose reply's body comes one byte every `every_s` seconds."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(4)
-
-    def answer(conn: socket.socket) -> None:
-        with conn:
-            conn.recv(1 << 16)
-            conn.sendall(f"HTTP/1.1 200 OK\r\nServer: minirl-judge\r\nContent-Length: {len(body)}\r\n\r\n".encode())
-            try:
-                for byte in body:
-                    conn.sendall(bytes([byte]))
-                    time.sleep(every_s)
-            except OSError:  # the client gave up: what is tested
-                pass
-
-    def loop() -> None:
-        while True:
-            threading.Thread(target=answer, args=(srv.accept()[0],), daemon=True).start()
-
-    threading.Thread(target=loop, daemon=True).start()
-    return f"http://127.0.0.1:{srv.getsockname()[1]}"
-
-
 def test_remote_judge_bounds_a_reply_that_trickles_in_by_its_timeout():
     body = json.dumps({"extra": {"minirl": {"verdict": "AC", "passed": 1, "total": 1}}}).encode()  # 66 bytes
     start = time.monotonic()
-    with RemoteJudge([trickling_server(body, 0.3)], retries=1, timeout_s=1.0, protocol="minirl") as judge:
+    reply = http_200(body)
+    url = fake_server(reply, head=len(reply) - len(body), every_s=0.3)  # the headers, then a byte every 0.3 s
+    with RemoteJudge([url], retries=1, timeout_s=1.0, protocol="minirl") as judge:
         res = judge.run_many([JOB])[0]
     assert time.monotonic() - start < 10  # the whole body would take 20 s
     assert res.verdict == "RE" and res.message.startswith("judge error"), res
