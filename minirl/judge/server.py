@@ -64,7 +64,18 @@ def _field(body: dict, name: str, kinds: type | tuple, default=None):
         raise RequestError(f"'{name}' has the wrong type: {value!r}")
     if not isinstance(value, kinds):
         raise RequestError(f"'{name}' has the wrong type: {type(value).__name__}")
+    if isinstance(value, str):
+        _utf8(value, name)
     return value
+
+
+def _utf8(text: str, name: str) -> None:
+    """JSON may carry lone surrogates ("\\ud800"), which no program's bytes can hold: the client's error, not
+    a fault of the judge (which would answer SandboxError, and clients retry those)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError as e:
+        raise RequestError(f"'{name}' is not valid Unicode ({e.reason} at {e.start})") from None
 
 
 def _language(value) -> str:
@@ -136,6 +147,7 @@ def parse_submit(body: dict, default_memory_mb: int) -> tuple[dict, str]:
         if not isinstance(stdin, str) or not isinstance(stdout, str):
             raise RequestError(f"'config.provided_data.test[{i}]' must be {{'input': {{'stdin': str}}, "
                                "'output': {'stdout': str}}; files other than stdin/stdout are not supported")
+        _utf8(stdin + stdout, f"config.provided_data.test[{i}]")
         tests.append({"input": stdin, "output": stdout})
     ours = _field(_field(config, "extra", dict, {}), "minirl", dict, {})
     language = _language(config.get("language"))

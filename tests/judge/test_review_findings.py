@@ -212,3 +212,12 @@ def test_submit_extracts_code_from_a_completion_of_unclosed_fences_in_linear_tim
     assert time.monotonic() - start < 5, "fence extraction is quadratic: the whole server stalls meanwhile"
     assert _fenced_code("text\n```py\nprint(1)\n```\n```cpp\nint main(){}\n```", "cpp") == "int main(){}\n"
     assert _fenced_code("```\nfirst\n```", "python") == "first\n"
+
+
+def test_a_lone_surrogate_in_a_request_is_a_request_error_not_a_judge_fault():
+    from minirl.judge.server import parse_run_code
+    with pytest.raises(RequestError):
+        parse_run_code({"code": "print(input())", "language": "python", "stdin": "\ud800"}, 256)
+    with pytest.raises(RequestError):
+        parse_submit({"completion": "print(1)", "config": {"language": "python", "provided_data": {"test": [
+            {"input": {"stdin": ""}, "output": {"stdout": "\udcff"}}]}}}, 256)
