@@ -135,14 +135,19 @@ class RemoteJudge(JudgeFrontend):
             "provided_data": {"test": [{"input": {"stdin": t["input"]}, "output": {"stdout": t["output"]}}
                                        for t in job["tests"]]},
             "extra": {"minirl": {"memory_limit_mb": int(job.get("memory_limit_mb", 256)),
-                                 "float_tolerance": job.get("float_tolerance")}}}}
+                                 "float_tolerance": job.get("float_tolerance"),
+                                 "processes": bool(job.get("processes", False))}}}}
         reply = self._post(url + "/submit", body, self._timeout(job, len(job["tests"])))
         verdict = (reply.get("extra") or {}).get("minirl")
         if not isinstance(verdict, dict):
             raise Unavailable("the reply to /submit has no extra.minirl verdict")
-        if verdict.get("verdict") == "RE" and str(verdict.get("message", "")).startswith("judge error"):
+        if (verdict.get("verdict") == "RE" and not verdict.get("tests")  # a program's RE has its run
+                and str(verdict.get("message", "")).startswith("judge error")):
             raise Unavailable(verdict["message"][:300])  # that server's judge failed, not the program
-        return JudgeResult(**verdict)
+        try:
+            return JudgeResult(**verdict)
+        except TypeError as e:  # a server of another minirl version: fields this one does not know
+            raise Unavailable(f"extra.minirl is not a verdict of this minirl ({e})") from None
 
     def _run_tests(self, url: str, job: dict) -> JudgeResult:
         """SandboxFusion: one /run_code per test, in order up to the first TLE; outputs compared here."""
@@ -173,9 +178,14 @@ class RemoteJudge(JudgeFrontend):
         return JudgeResult(verdict, passed, total, runs, message, compile_s)
 
     def _post(self, url: str, body: dict, timeout: float) -> dict:
-        with self._request(url, json.dumps(body).encode(), timeout) as r:
-            reply = json.loads(r.read())
-        if isinstance(reply, dict) and reply.get("status") == "SandboxError":
+        try:  # the body may break off (the server died), stall past the timeout, or not be JSON (a proxy)
+            with self._request(url, json.dumps(body).encode(), timeout) as r:
+                reply = json.loads(_read_by(r, time.monotonic() + timeout))
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            raise Unavailable(f"the reply broke off or is not JSON ({type(e).__name__}: {e})") from None
+        if not isinstance(reply, dict):
+            raise Unavailable(f"the reply is not a JSON object: {str(reply)[:100]}")
+        if reply.get("status") == "SandboxError":
             raise Unavailable(f"SandboxError: {str(reply.get('message'))[:300]}")
         return reply
 
@@ -192,9 +202,22 @@ class RemoteJudge(JudgeFrontend):
             raise Unavailable(f"{type(e).__name__}: {e}") from None
 
 
+def _read_by(r, deadline: float) -> bytes:
+    """The reply's body, or TimeoutError past `deadline`: urlopen's timeout bounds each read of the socket, not
+    the whole body, so a server sending a byte now and then would hold the job for ever."""
+    chunks = []
+    while chunk := r.read1(1 << 16):
+        chunks.append(chunk)
+        if time.monotonic() > deadline:
+            raise TimeoutError("the reply's body took longer than the timeout")
+    return b"".join(chunks)
+
+
 def _verdict(reply: dict, expected: str, float_tolerance: float | None) -> tuple[str, str, float]:
     """minirl's verdict of one RunCodeResponse, the message to keep, and the compile time."""
     comp, run = reply.get("compile_result"), reply.get("run_result")
+    if not isinstance(comp, (dict, type(None))) or not isinstance(run, (dict, type(None))):
+        raise Unavailable(f"compile_result and run_result must be objects (status {reply.get('status')!r})")
     compile_s = float((comp or {}).get("execution_time") or 0.0)
     if comp and (comp.get("status") != "Finished" or comp.get("return_code") != 0):
         return "CE", comp.get("stderr") or comp.get("stdout") or "", compile_s

@@ -27,8 +27,9 @@ server's --memory-limit-mb. `compile_timeout` is ignored: the judge's compiler h
 
 POST /submit judges a whole program on all its tests in one `Judge.run_many` job (the pool shares the tests
 of one program between idle workers): `config.provided_data.test` holds the tests, `config.run_timeout` the
-time limit, and `config.extra.minirl` minirl's own settings (`memory_limit_mb`, `float_tolerance`); the reply is
-an `EvalResult` with minirl's whole verdict in `extra.minirl` (what minirl/judge/remote.py reads).
+time limit, and `config.extra.minirl` minirl's own settings (`memory_limit_mb`, `float_tolerance`,
+`processes`); the reply is an `EvalResult` with minirl's whole verdict in `extra.minirl` (what
+minirl/judge/remote.py reads).
 
 Left out, with a 400 that says so: languages other than cpp and python, `files`, `fetch_files`, /run_jupyter,
 the dataset endpoints. Nothing here authenticates: the server binds 127.0.0.1 unless told otherwise; put it
@@ -47,6 +48,7 @@ from minirl.judge import Judge, JudgeResult
 
 MAX_BODY_BYTES = 256 << 20         # a program and its tests (CodeContests problems carry MBs of tests)
 LANGUAGES = ("cpp", "python")      # SandboxFusion's names for the two languages minirl judges
+_LANG = re.compile(r"[\w+#-]*")      # a fence's language: the start of its info line
 SERVER_NAME = "minirl-judge"       # the Server header: how minirl/judge/remote.py tells this server from SandboxFusion
 DEFAULT_RUN_TIMEOUT_S = 10.0       # RunCodeRequest's default run_timeout
 
@@ -63,7 +65,18 @@ def _field(body: dict, name: str, kinds: type | tuple, default=None):
         raise RequestError(f"'{name}' has the wrong type: {value!r}")
     if not isinstance(value, kinds):
         raise RequestError(f"'{name}' has the wrong type: {type(value).__name__}")
+    if isinstance(value, str):
+        _utf8(value, name)
     return value
+
+
+def _utf8(text: str, name: str) -> None:
+    """JSON may carry lone surrogates ("\\ud800"), which no program's bytes can hold: the client's error, not
+    a fault of the judge (which would answer SandboxError, and clients retry those)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError as e:
+        raise RequestError(f"'{name}' is not valid Unicode ({e.reason} at {e.start})") from None
 
 
 def _language(value) -> str:
@@ -73,7 +86,10 @@ def _language(value) -> str:
 
 
 def _limits(run_timeout, memory_mb, default_memory_mb: int) -> tuple[float, int]:
-    time_limit_s = float(run_timeout if run_timeout is not None else DEFAULT_RUN_TIMEOUT_S)
+    try:
+        time_limit_s = float(run_timeout if run_timeout is not None else DEFAULT_RUN_TIMEOUT_S)
+    except OverflowError:  # an integer too large for a float
+        time_limit_s = float("inf")
     if not 0 < time_limit_s <= 600:
         raise RequestError(f"'run_timeout' must be in (0, 600] seconds, got {run_timeout!r}")
     memory_mb = default_memory_mb if memory_mb is None or memory_mb == -1 else int(memory_mb)
@@ -99,11 +115,21 @@ def parse_run_code(body: dict, default_memory_mb: int) -> dict:
 def _fenced_code(completion: str, language: str) -> str:
     """SandboxFusion's default extraction, in short: the first fenced block of the language, else the first
     fenced block, else the completion as it is."""
-    blocks = re.findall(r"```([\w+#-]*)[^\n]*\n(.*?)```", completion, re.DOTALL)
-    for lang, code in blocks:
-        if lang.lower() in ({"cpp", "c++"} if language == "cpp" else {"python", "python3", "py"}):
+    names = {"cpp", "c++"} if language == "cpp" else {"python", "python3", "py"}
+    first, pos = None, 0
+    # a scan with str.find, not a regex: a lazy match retried from every unclosed fence is quadratic, and a
+    # completion of 600 KB of backticks would hold the GIL, hence the whole server, for minutes
+    while (start := completion.find("```", pos)) != -1:
+        eol = completion.find("\n", start + 3)
+        end = completion.find("```", eol + 1) if eol != -1 else -1
+        if end == -1:
+            break
+        lang, code = _LANG.match(completion, start + 3).group().lower(), completion[eol + 1:end]
+        if lang in names:
             return code
-    return blocks[0][1] if blocks else completion
+        first = code if first is None else first
+        pos = end + 3
+    return completion if first is None else first
 
 
 def parse_submit(body: dict, default_memory_mb: int) -> tuple[dict, str]:
@@ -116,11 +142,13 @@ def parse_submit(body: dict, default_memory_mb: int) -> tuple[dict, str]:
                            "[{'input': {'stdin': ...}, 'output': {'stdout': ...}}]")
     tests = []
     for i, case in enumerate(cases):
-        stdin = case.get("input", {}).get("stdin") if isinstance(case, dict) else None
-        stdout = case.get("output", {}).get("stdout") if isinstance(case, dict) else None
+        given, wanted = (case.get("input"), case.get("output")) if isinstance(case, dict) else (None, None)
+        stdin = given.get("stdin") if isinstance(given, dict) else None
+        stdout = wanted.get("stdout") if isinstance(wanted, dict) else None
         if not isinstance(stdin, str) or not isinstance(stdout, str):
             raise RequestError(f"'config.provided_data.test[{i}]' must be {{'input': {{'stdin': str}}, "
                                "'output': {'stdout': str}}; files other than stdin/stdout are not supported")
+        _utf8(stdin + stdout, f"config.provided_data.test[{i}]")
         tests.append({"input": stdin, "output": stdout})
     ours = _field(_field(config, "extra", dict, {}), "minirl", dict, {})
     language = _language(config.get("language"))
@@ -130,7 +158,7 @@ def parse_submit(body: dict, default_memory_mb: int) -> tuple[dict, str]:
                                       _field(ours, "memory_limit_mb", int), default_memory_mb)
     tolerance = _field(ours, "float_tolerance", (int, float))
     return dict(source=code, language=language, tests=tests, time_limit_s=time_limit_s, memory_limit_mb=memory_mb,
-                float_tolerance=tolerance), code
+                float_tolerance=tolerance, processes=_field(ours, "processes", bool, False)), code
 
 
 # --- minirl's verdicts in SandboxFusion's words ----------------------------------------------------------
@@ -163,8 +191,9 @@ def _response(status: str, compile_result: dict | None, run_result: dict | None,
 
 
 def is_judge_fault(res: JudgeResult) -> bool:
-    """A failure of the judge itself (pool.py returns it as RE with this message), not of the program."""
-    return res.verdict == "RE" and res.message.startswith("judge error")
+    """A failure of the judge itself (pool.py returns it as RE with this message and no test run), not of the
+    program: a program's RE has its test's run, and its message is the program's stderr, which may say anything."""
+    return res.verdict == "RE" and not res.tests and res.message.startswith("judge error")
 
 
 def run_code_response(res: JudgeResult, language: str) -> dict:
@@ -261,15 +290,18 @@ def _handler(server: JudgeServer):
             raw = self.rfile.read(int(length))
             if path not in ("/run_code", "/submit"):
                 return self.send_json(404, {"detail": f"no route POST {self.path}; try /run_code or /submit"})
-            try:
+            try:  # ValueError: also integers past Python's 4300 digits; RecursionError: arrays nested too deep
                 body = json.loads(raw or b"null")
+            except (ValueError, RecursionError) as e:
+                return self.send_json(400, {"detail": f"the body is not valid JSON ({str(e)[:200]})"})
+            try:
                 if not isinstance(body, dict):
                     raise RequestError("the body must be a JSON object")
                 reply = server.handle(path, body)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                return self.send_json(400, {"detail": f"the body is not valid JSON ({e})"})
             except RequestError as e:
                 return self.send_json(400, {"detail": str(e)})
+            except Exception as e:  # noqa: BLE001 -- a request this code did not foresee: answer, keep serving
+                return self.send_json(500, {"detail": f"the server failed on this request ({type(e).__name__})"})
             self.send_json(200, reply)
 
     return Handler

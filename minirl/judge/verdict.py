@@ -35,7 +35,7 @@ from minirl.judge.host import cache_dir, lease_uids, remove_tree
 log = logging.getLogger(__name__)
 VERDICTS = ("AC", "WA", "TLE", "MLE", "RE", "CE", "OLE")
 CXX_FLAGS = ("-std=c++17", "-O2")
-KEPT_OUTPUT_BYTES = 1 << 20        # stdout/stderr returned for a test with keep_output (server.py)
+KEPT_OUTPUT_BYTES = 16 << 20       # a keep_output test's output limit (server.py returns its stdout whole)
 PYTHON_SOURCE_LIMIT = 1 << 20      # compile() of a larger source in the judge's own process is not worth the risk
 LANGUAGES = {"cpp": "cpp", "c++": "cpp", "python": "python", "python3": "python"}
 
@@ -247,7 +247,10 @@ def _run_test(job: Job, i: int, worker: Worker) -> tuple[dict, str]:
     else:
         r = sandbox.run(job.argv, root, f"t{i}", time_limit_s=job.time_limit_s, memory_mb=job.memory_mb,
                         stdin=test["input"], files=job.files, forks=job.forks, create_files=False)
-    v = _classify(r, job.time_limit_s, job.memory_mb, OUTPUT_LIMIT_BYTES)
+    # a kept output is returned for the caller to compare: a cut of it could compare equal where the whole would
+    # not, so past what is returned the test is OLE
+    v = _classify(r, job.time_limit_s, job.memory_mb, KEPT_OUTPUT_BYTES if test.get("keep_output") else
+                  OUTPUT_LIMIT_BYTES)
     if v is None:
         ok = _check(job.checker, test, r["out"], root, i, sandbox) if job.checker else \
             output_file_matches(r["out"], test["output"], job.float_tolerance)
