@@ -73,6 +73,9 @@ class RemoteJudge(JudgeFrontend):
         # url -> "minirl" | "sandboxfusion": probed once per URL unless given (a minirl server speaks both)
         self._kind: dict[str, str] = {} if protocol == "auto" else {url: protocol for url in self.urls}
         self._down_until: dict[str, float] = {}  # url -> time before which it is tried only as a last resort
+        # url -> failures in a row: a server that keeps failing (hung, not just restarting) stays out for longer,
+        # cooldown_s * 2**failures up to 10 minutes, so that not every step waits a timeout on it
+        self._failures: dict[str, int] = {}
 
     def run_many(self, jobs: list[dict]) -> list[JudgeResult]:
         """Judge many programs on the servers; results in the order of `jobs`."""
@@ -90,13 +93,17 @@ class RemoteJudge(JudgeFrontend):
         for attempt in range(self.retries * n):
             url = self._pick(k + attempt)
             try:
-                return self._on(url, job)
+                result = self._on(url, job)
+                with self._lock:
+                    self._failures.pop(url, None)
+                return result
             except Refused as e:
                 return judge_error(f"the server refused the job: {e}", len(job["tests"]))
             except Unavailable as e:
                 error = f"{url}: {e}"
                 with self._lock:
-                    self._down_until[url] = time.monotonic() + self.cooldown_s
+                    failures = self._failures[url] = self._failures.get(url, 0) + 1
+                    self._down_until[url] = time.monotonic() + min(600.0, self.cooldown_s * 2 ** (failures - 1))
                 if attempt % n == n - 1:  # a whole round failed: give the servers a moment
                     time.sleep(min(2.0, 0.25 * 2 ** (attempt // n)))
         log.error("no judge server answered for a job (%s)", error)

@@ -221,3 +221,16 @@ def test_a_lone_surrogate_in_a_request_is_a_request_error_not_a_judge_fault():
     with pytest.raises(RequestError):
         parse_submit({"completion": "print(1)", "config": {"language": "python", "provided_data": {"test": [
             {"input": {"stdin": ""}, "output": {"stdout": "\udcff"}}]}}}, 256)
+
+
+def test_a_server_that_keeps_failing_stays_out_longer_each_time():
+    """A hung or dead server is skipped for cooldown_s * 2**(failures-1), not a fixed cooldown after which every
+    training step waits a timeout on it again."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    s.close()                                          # nothing listens there: connection refused
+    with RemoteJudge([url], retries=3, cooldown_s=1.0, protocol="minirl", timeout_s=2) as judge:
+        res = judge.run("print(3)\n", "python", [{"input": "", "output": "3"}])
+        assert res.verdict == "RE" and "no judge server answered" in res.message
+        assert judge._failures[url] == 3 and judge._down_until[url] - time.monotonic() > 2.5
