@@ -139,7 +139,10 @@ def _as_uid(uid: int, mode: str) -> int:
     return os.getuid() if mode == "rlimits" else uid
 
 
-ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+# MALLOC_ARENA_MAX: glibc reserves 64 MiB of address space for each thread's malloc arena, which RLIMIT_AS
+# counts: a threaded program would then run out of address space (its stack cannot grow: SIGSEGV) long before
+# it uses its memory limit, depending on how its threads happened to race
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "MALLOC_ARENA_MAX": "1"}
 
 
 def run_sandboxed(argv: list[str], rundir: Path, name: str, *, uid: int, time_limit_s: float, memory_mb: int,
