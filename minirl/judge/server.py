@@ -41,9 +41,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
+from minirl.http_server import BackgroundServer
 from minirl.judge import Judge, JudgeResult
 
 MAX_BODY_BYTES = 256 << 20         # a program and its tests (CodeContests problems carry MBs of tests)
@@ -219,28 +219,13 @@ def submit_response(res: JudgeResult, job: dict, code: str, sample_id) -> dict:
 
 # --- the server ------------------------------------------------------------------------------------------
 
-class JudgeServer:
-    """A ThreadingHTTPServer answering SandboxFusion's API from one `Judge` (one thread per request; the
-    judge's pool runs concurrent requests' programs side by side)."""
+class JudgeServer(BackgroundServer):
+    """SandboxFusion's API from one `Judge` (one thread per request; the judge's pool runs concurrent
+    requests' programs side by side)."""
 
     def __init__(self, judge: Judge, host: str = "127.0.0.1", port: int = 8080, memory_limit_mb: int = 1024):
         self.judge, self.memory_limit_mb = judge, memory_limit_mb
-        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
-        self.httpd.daemon_threads = True
-        self.host, self.port = self.httpd.server_address[:2]
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="minirl-judge-server")
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def start(self) -> "JudgeServer":
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(_handler(self), host, port, "minirl-judge-server")
 
     def handle(self, path: str, body: dict) -> dict:
         """The reply to POST `path`; RequestError for a request to refuse."""
@@ -325,12 +310,7 @@ def main(argv: list[str] | None = None) -> None:
     with require_isolation(Judge(workers=args.workers or None), args.judge_isolation) as judge:
         server = JudgeServer(judge, args.host, args.port, args.memory_limit_mb)
         print(f"minirl judge ({judge.workers} workers) serving SandboxFusion's API on {server.url}", flush=True)
-        try:
-            server.httpd.serve_forever()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            server.httpd.server_close()
+        server.serve_until_interrupted()
 
 
 if __name__ == "__main__":

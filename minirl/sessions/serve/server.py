@@ -12,11 +12,11 @@ import argparse
 import json
 import select
 import socket
-import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
+from minirl.http_server import BackgroundServer
 from minirl.sessions.serve.engine import Engine, Job
 from minirl.sessions.serve.openai_api import RequestError, parse_request, reply, stream_chunks
 
@@ -25,7 +25,7 @@ ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 POLL_S = 0.05               # how often a waiting handler checks whether its client is still there
 
 
-class Server:
+class Server(BackgroundServer):
     """Serves the OpenAI API from a session `SamplingClient` (its model, on its worker thread, so requests
     run between a live training client's operations, on the current weights)."""
 
@@ -39,22 +39,12 @@ class Server:
                              batch_window_s, max_batch_rows, getattr(sampler, "micro_batch_size", 16))
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.context = getattr(self.model.config, "max_position_embeddings", None)
-        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
-        self.httpd.daemon_threads = True
-        self.host, self.port = self.httpd.server_address[:2]
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="minirl-serve")
+        super().__init__(_handler(self), host, port, "minirl-serve")
 
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
-
-    def start(self) -> "Server":
-        self._thread.start()
-        return self
+    url_path = "/v1"
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().close()
         self.engine.close()
 
 
@@ -193,9 +183,6 @@ def main(argv: list[str] | None = None) -> None:
                     args.batch_window_ms / 1000, args.max_batch_rows)
     print(f"serving {args.model} on {server.url}", flush=True)
     try:
-        server.httpd.serve_forever()
-    except KeyboardInterrupt:
-        pass
+        server.serve_until_interrupted()
     finally:
-        server.httpd.server_close()
         server.engine.close()
