@@ -48,6 +48,7 @@ class RolloutPool:
         self.requeued: deque[dict] = deque()   # problems to sample again, before new ones
         self.finished: dict[int, Group] = {}   # ticket -> group, waiting for the trainer
         self.next_ticket, self.errors, self.stopped = 0, [], False
+        self.running = 0                      # groups being sampled now: after an error, their groups still count
         self._cv = threading.Condition()
         self._threads = [threading.Thread(target=self._work, daemon=True, name=f"minirl-rollout-{i}")
                          for i in range(num_workers)]  # started by the first next_group
@@ -67,6 +68,7 @@ class RolloutPool:
     def _work(self) -> None:
         """Start groups while the throttle allows. Any exception (in the problem stream, in run_group) is kept
         for the trainer, whose next_group raises it, and stops every worker: nothing waits on a dead thread."""
+        running = False
         try:
             while True:
                 with self._cv:
@@ -74,13 +76,16 @@ class RolloutPool:
                     if self.stopped or self.errors:
                         return
                     ticket, problem = self._take()
+                    self.running, running = self.running + 1, True
                 group = self._run(ticket, problem)
                 with self._cv:
                     self.finished[ticket] = group
+                    self.running, running = self.running - 1, False
                     self._cv.notify_all()
         except BaseException as e:  # noqa: BLE001  (raised again in the trainer's thread by next_group)
             with self._cv:
                 self.errors.append(e)
+                self.running -= running
                 self._cv.notify_all()
 
     # -- the trainer
@@ -94,7 +99,8 @@ class RolloutPool:
             if not self._threads[0].is_alive() and self.started == 0:
                 for t in self._threads:
                     t.start()
-            self._cv.wait_for(lambda: self.errors or self.next_ticket in self.finished)
+            # after an error, groups still being sampled may finish: every group before the error is handed over
+            self._cv.wait_for(lambda: self.next_ticket in self.finished or (self.errors and not self.running))
             if self.next_ticket not in self.finished:  # the run ends with a worker's own error and traceback
                 raise self.errors[0]
             self.next_ticket += 1
