@@ -16,9 +16,9 @@ each test a fresh process, in namespaces of its own, with fresh /work and /tmp),
 exec, not a whole sandbox.
 
 Speed: C++ is compiled once per unique (source, flags), against a force-included precompiled <bits/stdc++.h>
-(minirl/judge/compile.py); binaries and compile errors are cached by hash. Jobs run in parallel, and a worker with no
-program left to start takes the not yet started tests of one still running, so the last programs of a batch do
-not run alone on one core. One program's verdict (compiling, running its tests, comparing outputs, the result
+(minirl/judge/compile.py); binaries and compile errors are cached by hash. Workers start (compile) every job first and
+then share the tests of all prepared ones, so the last work of a batch is short tests spread over all cores,
+not one long compile on one core while the others idle. One program's verdict (compiling, running its tests, comparing outputs, the result
 the sequential judge gives whatever order its tests ran in) is minirl/judge/verdict.py; this file is the pool.
 
 Failures are verdicts: whatever a program does, `run`/`run_many` return a result for it (a failure of the judge
@@ -43,7 +43,7 @@ from minirl.judge.sandbox import Sandbox, isolation_mode
 from minirl.judge.worker_sandbox import WorkerSandbox
 from minirl.judge.host import lease_uids
 from minirl.judge.verdict import (CXX_FLAGS, LANGUAGES, VERDICTS, Job, JudgeResult, Worker, judge_error,  # noqa: F401
-                            judge_job, outputs_match, prepare)
+                            finish, judge_job, outputs_match, prepare)
 
 log = logging.getLogger(__name__)
 WEAK = {  # the modes short of "namespaces", and what each loses
@@ -60,40 +60,41 @@ def default_workers() -> int:
 
 
 class _Batch:
-    """One `run_many` call's work: jobs not started yet, jobs being prepared, and prepared jobs whose tests
-    idle workers may take."""
+    """One `run_many` call's work: jobs not started yet, jobs being prepared, and prepared jobs whose tests any
+    worker may take. Starting (compiling) comes first: tests wait for a worker with nothing left to start, so
+    the compiles, the long part of a C++ batch, are never the last work left while the other cores idle."""
 
     def __init__(self, jobs: list[dict]):
         self.jobs = jobs
         self.results: list[JudgeResult | None] = [None] * len(jobs)
         self._cond = threading.Condition()
         self._next = 0            # the next job to start
-        self._preparing = 0       # jobs being compiled: their tests may soon be shared
-        self._running: list[Job] = []
+        self._preparing = 0       # jobs being compiled: their tests will soon be there to take
+        self._running: list[tuple[int, Job]] = []  # (index, job) of prepared jobs with tests left to hand out
 
-    def next_work(self) -> int | Job | None:
+    def next_work(self) -> int | tuple[int, Job] | None:
         """The index of a job to start; else the running job with most tests left to take; else None once no
-        more work can come (while a job is still being prepared, wait for it: its tests may be shared)."""
+        more work can come (while a job is still being prepared, wait for it: its tests are work)."""
         with self._cond:
             while True:
                 if self._next < len(self.jobs):
                     self._next += 1
                     self._preparing += 1
                     return self._next - 1
-                left = [(job.left(), job) for job in self._running]
-                self._running = [job for n, job in left if n]  # a job never gets more tests to hand out
+                left = [(kj[1].left(), kj) for kj in self._running]
+                self._running = [kj for n, kj in left if n]  # a job never gets more tests to hand out
                 if self._running:
-                    return max(left, key=lambda nj: nj[0])[1]
+                    return max(left, key=lambda n_kj: n_kj[0])[1]
                 if not self._preparing:
                     return None
                 self._cond.wait()
 
-    def prepared(self, job: Job | None) -> None:
-        """A job's preparation ended: its tests may be taken (None: it has none to run, e.g. CE)."""
+    def prepared(self, k: int, job: Job | None) -> None:
+        """Job `k`'s preparation ended: its tests may be taken (None: it has none to run, e.g. CE)."""
         with self._cond:
             self._preparing -= 1
             if job is not None:
-                self._running.append(job)
+                self._running.append((k, job))
             self._cond.notify_all()
 
 
@@ -152,34 +153,44 @@ class Judge:
         return batch.results
 
     def _worker(self, batch: _Batch) -> None:
-        """Start jobs while any is left, then help running ones with their tests. The uid is this worker's for
-        its whole life: a test it takes from another job runs as it (and in its cgroup), never beside another
-        run of the same uid."""
+        """Start jobs while any is left, then run the tests of prepared ones; whoever runs a job's last test
+        gives its result. The uid is this worker's for its whole life: every test it takes runs as it (and in
+        its cgroup), never beside another run of the same uid."""
         uid = self._uids.get()  # as many uids as workers: waits only while another run_many's workers hold them
         try:
             worker = Worker(Sandbox(self.isolation, uid, self.cgroups), self._boxes)
             while (work := batch.next_work()) is not None:
                 if isinstance(work, int):
-                    batch.results[work] = self._own(batch, work, worker)
-                elif (i := work.take()) is not None:
-                    work.run(i, worker)
+                    self._start(batch, work, worker)
+                    continue
+                k, job = work
+                if (i := job.take()) is not None and job.run(i, worker):
+                    batch.results[k] = self._finish(job, batch.jobs[k])
         finally:
             self._uids.put(uid)
 
-    def _own(self, batch: _Batch, k: int, worker: Worker) -> JudgeResult:
-        """Prepare job `k`, share its tests with idle workers, run them and return its result."""
+    def _start(self, batch: _Batch, k: int, worker: Worker) -> None:
+        """Prepare job `k`: its result if it needs no tests run (a compile error), else its tests to take."""
         spec = batch.jobs[k]
         job = None
         try:
-            try:
-                prepared = prepare(**{"cxx_flags": self.cxx_flags, **spec, "sandbox": worker.sandbox})
-                if isinstance(prepared, JudgeResult):
-                    return prepared
+            prepared = prepare(**{"cxx_flags": self.cxx_flags, **spec, "sandbox": worker.sandbox})
+            if isinstance(prepared, JudgeResult):
+                batch.results[k] = prepared
+            elif prepared.complete():  # no tests
+                batch.results[k] = self._finish(prepared, spec)
+            else:
                 job = prepared
-            finally:
-                batch.prepared(job)  # exactly once: idle workers wait on it
-            return job.own(worker)
         except Exception as e:  # noqa: BLE001 -- one job must never stop a training run
+            batch.results[k] = judge_error(e, len(spec["tests"]))
+        finally:
+            batch.prepared(k, job)  # exactly once: idle workers wait on it
+
+    @staticmethod
+    def _finish(job: Job, spec: dict) -> JudgeResult:
+        try:
+            return finish(job)
+        except Exception as e:  # noqa: BLE001 -- a judge error in a counted test is this job's verdict
             return judge_error(e, len(spec["tests"]))
 
     def close(self) -> None:

@@ -57,7 +57,7 @@ class JudgeResult:
 #
 # A job is judged in three pieces, the same for `judge_job` (one thread) and `Judge.run_many` (a pool whose
 # idle workers take tests of programs still running): `prepare` (compile or syntax check, the run folder),
-# `_run_test` (one test, under the uid of whichever worker runs it) and `_finish` (the result, as the
+# `_run_test` (one test, under the uid of whichever worker runs it) and `finish` (the result, as the
 # sequential judge gives it, whatever order the tests ran in).
 
 def _classify(r: dict, time_limit_s: float, memory_mb: int, output_limit: int) -> str | None:
@@ -112,10 +112,9 @@ def judge_error(e: Exception, total: int) -> JudgeResult:
 
 
 class Job:
-    """A prepared program whose tests any worker may run. Its owner (the worker that prepared it) takes tests
-    in index order until none is left; a worker with no program left to start takes the next ones too, so the
-    last programs of a batch do not run alone on one core. Outcomes are kept by index: `_finish` gives the
-    sequential judge's result whatever order they arrived in."""
+    """A prepared program whose tests any worker may run, taken in index order (`take`, `run`); whoever runs
+    the last one `finish`es it. Outcomes are kept by index: `finish` gives the sequential judge's result
+    whatever order they arrived in."""
 
     def __init__(self, root: Path, tests: list[dict], argv: list[str], files: dict[str, Path], time_limit_s: float,
                  memory_mb: int, float_tolerance: float | None, checker: dict | None, compile_s: float,
@@ -129,6 +128,7 @@ class Job:
         self._next = 0            # the next test to hand out
         self._in_flight = 0       # tests handed out and not yet recorded: they use the run folder
         self._stopped = False     # a TLE, a judge error or the owner finishing: later tests would not count
+        self._finished = False    # complete() said so: somebody finishes it
 
     def left(self) -> int:
         """Tests not handed out yet (0 once stopped)."""
@@ -144,14 +144,15 @@ class Job:
             self._in_flight += 1
             return self._next - 1
 
-    def run(self, i: int, worker: Worker) -> None:
-        """Run taken test `i` as the calling worker and record its outcome. Never raises an Exception: a judge
-        error is recorded for `_finish` to report, and the test is never left counted as in flight, so the
-        owner cannot wait forever on a thread that died."""
+    def run(self, i: int, worker: Worker) -> bool:
+        """Run taken test `i` as the calling worker and record its outcome; True for exactly one call, the one
+        after which no test is left to take or in flight (its caller `finish`es the job). Never raises an
+        Exception: a judge error is recorded for `finish` to report, and the test is never left counted as in
+        flight, so nobody waits forever on a thread that died."""
         outcome: tuple[dict, str] | Exception = RuntimeError(f"test {i} was interrupted")
         try:
             outcome = _run_test(self, i, worker)
-        except Exception as e:  # noqa: BLE001 -- becomes this job's verdict in _finish
+        except Exception as e:  # noqa: BLE001 -- becomes this job's verdict in finish
             outcome = e
         finally:
             with self._cond:
@@ -160,13 +161,22 @@ class Job:
                     self._stopped = True  # the sequential judge stops here: save the cores
                 self._in_flight -= 1
                 self._cond.notify_all()
+                return self.complete()
+
+    def complete(self) -> bool:
+        """True once, when no test is left to hand out and none is in flight (a job with no tests: at once)."""
+        with self._cond:
+            if self._finished or self._in_flight or not (self._stopped or self._next == len(self.tests)):
+                return False
+            self._finished = True
+            return True
 
     def own(self, worker: Worker) -> JudgeResult:
-        """The owner's part: run tests until none is left to take, then the result (after the tests other
-        workers took have ended)."""
+        """Run its tests in the calling thread until none is left to take, then its result (after any tests
+        other threads took have ended)."""
         while (i := self.take()) is not None:
             self.run(i, worker)
-        return _finish(self)
+        return finish(self)
 
     def wait_idle(self) -> None:
         """Hand out no more tests and wait until none is in flight."""
@@ -275,7 +285,7 @@ def _write_private(path: Path, text: str, sandbox: Sandbox) -> None:
     sandbox.give(path)
 
 
-def _finish(job: Job) -> JudgeResult:
+def finish(job: Job) -> JudgeResult:
     """Wait for the job's tests in flight, then its result as the sequential judge gives it: tests count in
     index order up to the first TLE (any later ones that ran beside it are dropped); a judge error in a counted
     test raises. Removes the run folder."""
