@@ -2,6 +2,7 @@
 gives what `generate` over the repeated rows gives with the same seed: the same tokens, masks, texts and
 log-probs, and the same random state afterwards."""
 import copy
+import threading
 
 import pytest
 import torch
@@ -175,3 +176,135 @@ def test_rollout_engine_config_errors_name_the_key_and_the_fix(tmp_path):
     with pytest.raises(ConfigError, match="rollout_engine.*fsdp"):
         parse_config(["--rollout_engine", "vllm", "--vllm_url", "http://127.0.0.1:1", "--fsdp", "true"])
     assert parse_config(["--rollout_engine", "vllm", "--vllm_url", "http://127.0.0.1:1"]).rollout_engine == "vllm"
+
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_the_decode_cache_is_written_in_place_and_the_prompt_kept_once(monkeypatch, random_model, tiny_tokenizer,
+                                                                         attention):
+    """Each layer's keys and values live in one buffer for the whole rollout (DynamicLayer's torch.cat copied
+    the whole cache at every step), new buffers only when rows leave; with sdpa the prompt's keys and values
+    are kept once per prompt (B rows, not B*G) and attended in two parts. Either way generate's samples."""
+    from transformers.cache_utils import DynamicCache
+    import minirl.decode as decode
+    model = ends_often(random_model, tiny_tokenizer.eos_token_id)
+    model.set_attn_implementation(attention)
+    kind = decode._SharedPrefix if attention == "sdpa" else decode._Preallocated
+    writes, caches, attended = [], [], []
+    real_update, real_attend = kind.update, decode._SharedPrefix.attend
+
+    def update(self, *args, **kwargs):
+        writes.append((id(self), self._k.data_ptr(), self._k.shape[0]))
+        return real_update(self, *args, **kwargs)
+
+    def attend(self, *args, **kwargs):
+        attended.append(self)
+        return real_attend(self, *args, **kwargs)
+
+    monkeypatch.setattr(kind, "update", update)
+    monkeypatch.setattr(decode._SharedPrefix, "attend", attend)
+    hook = model.register_forward_pre_hook(
+        lambda mod, args, kw: caches.append(kw.get("past_key_values")), with_kwargs=True)
+    fast, plain = both_paths(monkeypatch, model, tiny_tokenizer, group_size=4, max_new_tokens=12)
+    hook.remove()
+    assert_same(fast, plain, model)
+    cache = next(c for c in caches if isinstance(c, DynamicCache))
+    assert all(type(layer) is kind for layer in cache.layers)
+    assert bool(attended) == (attention == "sdpa")
+    if attention == "sdpa":
+        assert all(layer.prompt_k.shape[0] == len(PROMPTS) for layer in cache.layers)
+    assert all(c._attn_implementation == attention for c in [model.config])   # restored after the call
+    first = [w for w in writes if w[0] == id(cache.layers[0])]
+    assert len(first) > 2
+    for (_, ptr_a, rows_a), (_, ptr_b, rows_b) in zip(first, first[1:]):
+        assert ptr_a == ptr_b or rows_b < rows_a     # a new buffer only when rows left the batch
+    assert len({ptr for _, ptr, _ in first}) < len(first)
+
+
+def test_two_part_attention_is_attention_over_the_whole_sequence():
+    """_SharedPrefix.attend (group queries over the shared prompt, rows over their own tokens, merged by
+    log-sum-exp) against SDPA over each row's concatenated keys, with GQA, left padding and rows dropped; and the
+    fallback's rebuilt keys are that concatenation."""
+    import torch.nn.functional as F
+    from transformers.cache_utils import DynamicLayer
+    from minirl.decode import _SharedPrefix
+    torch.manual_seed(0)
+    B, G, kv_heads, rep, P1, D, t = 3, 4, 2, 3, 7, 16, 5
+    layer = DynamicLayer()
+    layer.update(torch.randn(B, kv_heads, P1, D), torch.randn(B, kv_heads, P1, D))
+    prefix_mask = torch.ones(B, P1, dtype=torch.long)
+    prefix_mask[1, :3] = 0                                                  # left padding
+    shared = _SharedPrefix(layer, prefix_mask, G, capacity=t + 2)
+    for _ in range(t):
+        shared.update(torch.randn(B * G, kv_heads, 1, D), torch.randn(B * G, kv_heads, 1, D))
+    shared.reorder_cache(torch.tensor([0, 2, 3, 5, 8, 11]))                # rows that are still running
+    n = len(shared.rows)
+    q = torch.randn(n, kv_heads * rep, 1, D)
+    out = shared.attend(q, shared.keys, shared.values, scale=0.3)          # (n, 1, H, D)
+    k, v, bias = shared.full(shared.keys, shared.values)                    # (n, Hkv, P1 + t, D)
+    mask = torch.cat([prefix_mask[shared.rows // G], torch.ones(n, t, dtype=torch.long)], 1).bool()
+    want = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+                                          attn_mask=mask[:, None, None, :], scale=0.3)
+    assert torch.allclose(out, want.transpose(1, 2), atol=1e-5)
+    assert torch.equal(k[:, :, :P1], layer.keys[shared.rows // G])
+    assert torch.equal(bias[:, 0, 0] == 0, mask)                             # the fallback's mask: the padding
+
+
+def test_two_part_attention_falls_back_to_sdpa_over_the_whole_sequence_for_calls_it_does_not_cover():
+    """A call with more than one query (or softcapping, a window, sinks) gets transformers' sdpa over the
+    rebuilt keys and values, with the prompt's padding masked: the same numbers as the two-part path."""
+    import minirl.decode as decode
+    from transformers.cache_utils import DynamicLayer
+    torch.manual_seed(1)
+    B, G, kv_heads, rep, P1, D = 2, 2, 1, 2, 4, 8
+    layer = DynamicLayer()
+    layer.update(torch.randn(B, kv_heads, P1, D), torch.randn(B, kv_heads, P1, D))
+    prefix_mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    shared = decode._SharedPrefix(layer, prefix_mask, G, capacity=4)
+    shared.update(torch.randn(B * G, kv_heads, 2, D), torch.randn(B * G, kv_heads, 2, D))
+
+    class Module(torch.nn.Module):
+        layer_idx, num_key_value_groups, is_causal = 0, rep, False
+
+    class Cache:
+        layers = [shared]
+
+    q = torch.randn(B * G, kv_heads * rep, 1, D)
+    decode._active.cache = Cache()
+    try:
+        one, _ = decode._shared_prefix_attention(Module(), q, shared.keys, shared.values, None, scaling=0.5)
+        two, _ = decode._shared_prefix_attention(Module(), q.repeat(1, 1, 2, 1), shared.keys, shared.values,
+                                                 None, scaling=0.5)      # 2 queries: the fallback
+    finally:
+        decode._active.cache = None
+    assert torch.allclose(two[:, :1], one, atol=1e-5) and torch.allclose(two[:, 1:], one, atol=1e-5)
+
+
+def test_packed_linears_serve_only_the_decoding_thread_and_are_removed_after(monkeypatch, random_model,
+                                                                            tiny_tokenizer):
+    """oneDNN-packed nn.Linear forwards run while this thread decodes (no grad); a call with grad enabled (a
+    trainer) gets the module's own forward, and nothing of the swap is left afterwards."""
+    import minirl.decode as decode
+    calls, own = [], []
+    real, linear = decode._packed_linear, torch.nn.Linear.forward
+
+    def counting(module, packed, bias, thread, x):
+        calls.append(threading.get_ident() == thread)
+        if len(calls) == 1:      # the first packed call: the same module with grad enabled runs its own forward
+            with torch.enable_grad():
+                real(module, packed, bias, thread, x)
+            assert own == [module]
+        return real(module, packed, bias, thread, x)
+
+    def own_forward(module, x):
+        own.append(module)
+        return linear(module, x)
+
+    monkeypatch.setattr(decode, "_packed_linear", counting)
+    monkeypatch.setattr(torch.nn.Linear, "forward", own_forward)
+    fast, plain = both_paths(monkeypatch, random_model, tiny_tokenizer, group_size=2, max_new_tokens=6)
+    assert_same(fast, plain)
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN in this torch build: nothing is packed")
+    assert calls and all(calls)
+    assert not any("forward" in m.__dict__ for m in random_model.modules())
