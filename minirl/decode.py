@@ -44,9 +44,15 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_siz
     Gumbel noise (a sample; else greedy); `stop(ids, scores) -> (n,) bool` ends rows (generate's
     StopStringCriteria). Returns the (N, R') response ids, pad after a row's end, or None when the model's
     cache cannot be copied between rows (the caller then uses generate)."""
-    with _packed_linears(model, prompt_ids.shape[0] * group_size):
+    with _DECODING, _packed_linears(model, prompt_ids.shape[0] * group_size):
         return _decode(model, prompt_ids, prompt_mask, group_size, max_new_tokens, warpers, noise, eos_ids, pad_id,
                        stop)
+
+
+# One decode at a time in a process: both speed-ups below swap something on the shared model for the length of a
+# call (its Linear forwards, its configs' attention implementation), which two decodes at once would undo for each
+# other. Other threads' calls on the model (a trainer's forward) see the model's own behaviour throughout.
+_DECODING = threading.RLock()
 
 
 def _decode(model, prompt_ids, prompt_mask, group_size, max_new_tokens, warpers, noise, eos_ids, pad_id, stop):
@@ -61,7 +67,10 @@ def _decode(model, prompt_ids, prompt_mask, group_size, max_new_tokens, warpers,
     del prefill
     if not _plain_attention_cache(cache):
         return None
-    shared = _shares_prefix(model)
+    # the two-part attention needs every layer's cache in its hands (a sliding-window layer keeps transformers'
+    # mask), and fp32 (the two parts are rounded apart: in bf16 that changes samples)
+    shared = _shares_prefix(model) and all(type(layer) is DynamicLayer and layer.keys.dtype == torch.float32
+                                           for layer in cache.layers)
     for i, layer in enumerate(cache.layers):
         if shared and type(layer) is DynamicLayer:     # the prompt's K, V kept once, the rows' own after it
             cache.layers[i] = _SharedPrefix(layer, prompt_mask[:, :-1], group_size, max_new_tokens)
@@ -123,7 +132,7 @@ def _packed_linears(model, rows: int):
         yield
     finally:
         for module in swapped:
-            del module.forward
+            module.__dict__.pop("forward", None)
 
 
 def _packed_linear(module: torch.nn.Linear, packed: torch.Tensor, bias: torch.Tensor | None, thread: int,
@@ -202,16 +211,20 @@ def _attention(model, cache):
         yield
         return
     _register()
-    configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}.values()
+    configs = list({id(m.config): m.config for m in model.modules() if hasattr(m, "config")}.values())
+    # the attribute behind transformers' property, whose setter would also overwrite every sub-config
+    field = "_attn_implementation_internal" if all(hasattr(c, "_attn_implementation_internal") for c in configs) \
+        else "_attn_implementation"
+    before, outer = [getattr(c, field) for c in configs], getattr(_active, "cache", None)
     _active.cache = cache
-    for c in configs:
-        c._attn_implementation = SHARED_PREFIX
     try:
+        for c in configs:
+            setattr(c, field, SHARED_PREFIX)
         yield
     finally:
-        for c in configs:
-            c._attn_implementation = "sdpa"
-        _active.cache = None
+        for c, value in zip(configs, before):
+            setattr(c, field, value)
+        _active.cache = outer
 
 
 def _register() -> None:
@@ -257,6 +270,7 @@ class _SharedPrefix(DynamicLayer):
         # additive mask over the prompt keys: -inf at left padding; (B, 1, 1, P-1), the queries' dtype
         self.prompt_bias = torch.zeros(B, 1, 1, P1, dtype=layer.dtype, device=layer.device).masked_fill(
             ~prefix_mask.bool()[:, None, None, :], float("-inf"))
+        self.no_prefix = ~prefix_mask.bool().any(1)     # (B,) one-token prompts: nothing before their last token
         self._k = layer.keys.new_empty((B * group_size, heads, capacity, D))
         self._v = torch.empty_like(self._k)
         self.rows = torch.arange(B * group_size, device=layer.device)
@@ -312,6 +326,9 @@ class _SharedPrefix(DynamicLayer):
                              attn_mask=self.prompt_bias, scale=scale)
         out_p = out_p.view(B, kv_heads, self.G, rep, D)[owner, :, slot]                          # (n, Hkv, rep, D)
         lse_p = lse_p.view(B, kv_heads, self.G, rep)[owner, :, slot]                             # (n, Hkv, rep)
+        # a prompt of one token has no prefix: its part must weigh 0 (the flash op gives lse 0 there, not -inf)
+        lse_p = lse_p.masked_fill(self.no_prefix[owner][:, None, None], float("-inf"))
+        out_p = out_p.masked_fill(self.no_prefix[owner][:, None, None, None], 0.0)
         out_r, lse_r = flash(q, key, value, scale=scale)                                       # own tokens
         lse = torch.logaddexp(lse_p, lse_r)
         out = out_p * (lse_p - lse).exp()[..., None] + out_r * (lse_r - lse).exp()[..., None]
@@ -324,7 +341,8 @@ def _attention_with_lse(q, k, v, attn_mask=None, scale=None):
     if attn_mask is not None:
         scores = scores + attn_mask
     lse = scores.logsumexp(-1)
-    return ((scores - lse[..., None]).exp().to(v.dtype) @ v), lse
+    weights = (scores - lse[..., None]).exp().nan_to_num(0.0)     # a fully masked row: 0, not NaN
+    return weights.to(v.dtype) @ v, lse
 
 
 def _accepts(model, argument: str) -> bool:

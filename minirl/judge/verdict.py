@@ -161,7 +161,7 @@ class Job:
                     self._stopped = True  # the sequential judge stops here: save the cores
                 self._in_flight -= 1
                 self._cond.notify_all()
-                return self.complete()
+        return self.complete()
 
     def complete(self) -> bool:
         """True once, when no test is left to hand out and none is in flight (a job with no tests: at once)."""

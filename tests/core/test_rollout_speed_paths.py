@@ -308,3 +308,104 @@ def test_packed_linears_serve_only_the_decoding_thread_and_are_removed_after(mon
         pytest.skip("no oneDNN in this torch build: nothing is packed")
     assert calls and all(calls)
     assert not any("forward" in m.__dict__ for m in random_model.modules())
+
+
+LONG_PROMPT = ("<|im_start|>user\nWhat is 12+45 and then a longer tail with many more words in it, and more, "
+               "and more?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def small_model(tokenizer, kind: str, **config):
+    """A tiny random causal LM of another family (2 layers, GQA 4:2), weights large enough to sample varied text."""
+    import transformers
+    cfg = getattr(transformers, kind + "Config")(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **config)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = getattr(transformers, kind + "ForCausalLM")(cfg).eval()
+    with torch.no_grad():
+        for w in model.parameters():
+            if w.dim() > 1:
+                w.normal_(std=0.3)
+    return ends_often(model, tokenizer.eos_token_id)
+
+
+def test_sliding_window_layers_keep_the_prompts_padding_masked(monkeypatch, tiny_tokenizer):
+    """A model with sliding-window layers (their cache stays transformers'): rows of a short, left-padded prompt
+    must not attend to the padding (the two-part attention is off for such a model)."""
+    model = small_model(tiny_tokenizer, "Mistral", sliding_window=24)
+    prompts = [PROMPTS[0], LONG_PROMPT, PROMPTS[2]]
+    results = []
+    for fast in (True, False):
+        with monkeypatch.context() as m:
+            if not fast:
+                m.setattr(rollout, "shares_prompts", lambda *args: False)
+            torch.manual_seed(0)
+            results.append((rollout.sample(model, tiny_tokenizer, prompts, group_size=3, max_new_tokens=16),
+                            torch.rand(1)))
+    assert results[0][0].prompt_mask.sum(1).min() < 24 < results[0][0].prompt_mask.shape[1]   # padding in window
+    assert_same(*results)
+
+
+def test_a_one_token_prompt_beside_longer_ones_samples_what_generate_samples(monkeypatch, random_model,
+                                                                            tiny_tokenizer):
+    """A one-token prompt has no prefix before its last token: its part of the two-part attention weighs 0."""
+    model = ends_often(random_model, tiny_tokenizer.eos_token_id)
+    long = tiny_tokenizer(LONG_PROMPT, add_special_tokens=False).input_ids
+    results = []
+    for fast in (True, False):
+        with monkeypatch.context() as m:
+            if not fast:
+                m.setattr(rollout, "shares_prompts", lambda *args: False)
+            torch.manual_seed(0)
+            results.append((rollout.sample(model, tiny_tokenizer, [[long[3]], long], group_size=2,
+                                           max_new_tokens=8), torch.rand(1)))
+    assert_same(*results, model)
+
+
+def test_decodes_in_two_threads_on_one_model_give_the_sequential_results(random_model, tiny_tokenizer):
+    """Two rollouts of the same model at once (a session's sampler beside an evaluation): each gets what it
+    gets alone, and nothing of either decode (configs, Linear forwards) is left behind."""
+    model = ends_often(random_model, tiny_tokenizer.eos_token_id)
+    jobs = [(PROMPTS, 4, 24), ([LONG_PROMPT], 2, 6)] * 3
+    alone = [rollout.sample(model, tiny_tokenizer, p, group_size=g, max_new_tokens=r, greedy=True).response_ids
+             for p, g, r in jobs]
+    together, errors = [None] * len(jobs), []
+
+    def run(k):
+        try:
+            p, g, r = jobs[k]
+            together[k] = rollout.sample(model, tiny_tokenizer, p, group_size=g, max_new_tokens=r,
+                                         greedy=True).response_ids
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and all(torch.equal(a, b) for a, b in zip(alone, together))
+    assert model.config._attn_implementation == "sdpa"
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_bf16_caches_take_the_one_buffer_path_not_the_two_part_attention(monkeypatch, random_model,
+                                                                        tiny_tokenizer):
+    """The two parts of the two-part attention are rounded apart; in bf16 that changes samples, so a bf16
+    model's decode keeps each row's whole sequence in one buffer, as generate attends."""
+    import minirl.decode as decode
+    model = ends_often(random_model.to(torch.bfloat16), tiny_tokenizer.eos_token_id)
+    kinds = []
+    real = decode._Preallocated.__init__
+
+    def init(self, *args, **kwargs):
+        kinds.append(type(self))
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(decode._Preallocated, "__init__", init)
+    monkeypatch.setattr(decode._SharedPrefix, "__init__", lambda *a, **k: kinds.append("shared") or None)
+    torch.manual_seed(0)
+    rollout.sample(model, tiny_tokenizer, PROMPTS, group_size=2, max_new_tokens=4)
+    assert kinds and "shared" not in kinds
