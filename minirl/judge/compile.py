@@ -25,13 +25,12 @@ import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 from minirl.judge.sandbox import Sandbox
-from minirl.judge.host import cache_dir, remove_tree, unique_tmp
+from minirl.judge.host import cache_dir, job_folder, remove_tree, unique_tmp
 
 MESSAGE_LIMIT = 2000               # characters of compiler/stderr text kept in a result
 COMPILE_CPU_S = 30
@@ -161,7 +160,7 @@ def compile_cpp(source: str, flags: tuple[str, ...], sandbox: Sandbox,
     if binary is not None and (keep is None or _link(binary, keep)):
         return keep or binary, "", 0.0
     pch = pch_dir(flags)
-    work = Path(tempfile.mkdtemp(prefix="cc-", dir=cache_dir()))
+    work = job_folder("cc")
     try:
         (work / "main.cpp").write_text(source)
         sandbox.give(work)

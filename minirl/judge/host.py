@@ -79,6 +79,33 @@ def stage_dir() -> Path:
         return STAGE
 
 
+def job_folder(prefix: str) -> Path:
+    """A new private folder in the cache for one job's host-side files, named after this process
+    (`<prefix>-<pid>-...`), so that a later judge can tell it from a live judge's and remove it."""
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}-{os.getpid()}-", dir=cache_dir()))
+
+
+def remove_orphans(prefixes: tuple[str, ...] = ("run", "cc")) -> int:
+    """Remove the job folders of judges that are gone (killed before they could clean up): named by
+    `job_folder` after a process that no longer exists. Returns how many were removed."""
+    removed = 0
+    for path in cache_dir().iterdir():
+        head, _, rest = path.name.partition("-")
+        pid = rest.split("-", 1)[0]
+        if head not in prefixes or not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue                            # its judge is alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue                            # alive, as another user
+        remove_tree(path)
+        removed += 1
+    return removed
+
+
 def unique_tmp(path: Path) -> Path:
     return path.with_name(f"{path.name}.tmp{os.getpid()}-{threading.get_ident()}")
 

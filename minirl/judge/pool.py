@@ -41,7 +41,7 @@ from minirl.judge.cgroup import Cgroups
 from minirl.judge.compile import pch_dir
 from minirl.judge.sandbox import Sandbox, isolation_mode
 from minirl.judge.worker_sandbox import WorkerSandbox
-from minirl.judge.host import lease_uids
+from minirl.judge.host import lease_uids, remove_orphans
 from minirl.judge.verdict import (CXX_FLAGS, LANGUAGES, VERDICTS, Job, JudgeResult, Worker, judge_error,  # noqa: F401
                             finish, judge_job, outputs_match, prepare)
 
@@ -119,6 +119,7 @@ class Judge:
         self._calls = 0                        # run_many calls in flight: close() waits for them
         self._calls_done = threading.Condition()
         pch_dir(self.cxx_flags)  # build the precompiled header once, up front
+        remove_orphans()         # the run folders of judges killed before they could remove them
 
     def run(self, source: str, language: str, tests: list[dict], time_limit_s: float = 2.0,
             memory_limit_mb: int = 256, float_tolerance: float | None = None,

@@ -23,7 +23,7 @@ the way a SandboxFusion runner reports the same run (sandbox/runners/base.py, `p
     judge fault status SandboxError, message (the official client retries it; veRL scores it -1)
 `memory_limit_MB` is optional: the official client's request model drops it, veRL's raw JSON
 (verl/utils/reward_score/sandbox_fusion/utils.py, `call_sandbox_api`) sends it; missing or -1 means the
-server's --memory-limit-mb. `compile_timeout` is ignored: the judge's compiler has limits of its own.
+server's --memory-limit-mb; over --max-memory-mb (4096) a request is refused. `compile_timeout` is ignored: the judge's compiler has limits of its own.
 
 POST /submit judges a whole program on all its tests in one `Judge.run_many` job (the pool shares the tests
 of one program between idle workers): `config.provided_data.test` holds the tests, `config.run_timeout` the
@@ -51,6 +51,7 @@ LANGUAGES = ("cpp", "python")      # SandboxFusion's names for the two languages
 _LANG = re.compile(r"[\w+#-]*")      # a fence's language: the start of its info line
 SERVER_NAME = "minirl-judge"       # the Server header: how minirl/judge/remote.py tells this server from SandboxFusion
 DEFAULT_RUN_TIMEOUT_S = 10.0       # RunCodeRequest's default run_timeout
+MAX_MEMORY_MB = 4096               # the most a request may ask for: workers x this must fit the host
 
 
 class RequestError(ValueError):
@@ -85,7 +86,7 @@ def _language(value) -> str:
     return value
 
 
-def _limits(run_timeout, memory_mb, default_memory_mb: int) -> tuple[float, int]:
+def _limits(run_timeout, memory_mb, default_memory_mb: int, max_memory_mb: int) -> tuple[float, int]:
     try:
         time_limit_s = float(run_timeout if run_timeout is not None else DEFAULT_RUN_TIMEOUT_S)
     except OverflowError:  # an integer too large for a float
@@ -95,10 +96,13 @@ def _limits(run_timeout, memory_mb, default_memory_mb: int) -> tuple[float, int]
     memory_mb = default_memory_mb if memory_mb is None or memory_mb == -1 else int(memory_mb)
     if memory_mb <= 0:
         raise RequestError(f"'memory_limit_MB' must be > 0 (or -1 for the server's default), got {memory_mb}")
+    if memory_mb > max_memory_mb:  # every worker may hold this much at once: a client must not size the host
+        raise RequestError(f"'memory_limit_MB' {memory_mb} is over this server's cap of {max_memory_mb} MB "
+                           "(--max-memory-mb)")
     return time_limit_s, memory_mb
 
 
-def parse_run_code(body: dict, default_memory_mb: int) -> dict:
+def parse_run_code(body: dict, default_memory_mb: int, max_memory_mb: int = MAX_MEMORY_MB) -> dict:
     """The `Judge.run_many` job of a RunCodeRequest: one test whose output the reply reports (keep_output)."""
     code = _field(body, "code", str)
     if code is None:
@@ -106,7 +110,7 @@ def parse_run_code(body: dict, default_memory_mb: int) -> dict:
     if _field(body, "files", dict, {}) or _field(body, "fetch_files", list, []):
         raise RequestError("'files' and 'fetch_files' are not supported by minirl's judge; send them empty")
     time_limit_s, memory_mb = _limits(_field(body, "run_timeout", (int, float)),
-                                      _field(body, "memory_limit_MB", int), default_memory_mb)
+                                      _field(body, "memory_limit_MB", int), default_memory_mb, max_memory_mb)
     stdin = _field(body, "stdin", str, "")
     return dict(source=code, language=_language(body.get("language")), time_limit_s=time_limit_s,
                 memory_limit_mb=memory_mb, tests=[{"input": stdin, "output": "", "keep_output": True}])
@@ -132,7 +136,7 @@ def _fenced_code(completion: str, language: str) -> str:
     return completion if first is None else first
 
 
-def parse_submit(body: dict, default_memory_mb: int) -> tuple[dict, str]:
+def parse_submit(body: dict, default_memory_mb: int, max_memory_mb: int = MAX_MEMORY_MB) -> tuple[dict, str]:
     """The job of a CommonOJ SubmitRequest (config.provided_data.test), and the code it judges."""
     config = _field(body, "config", dict, {})
     data = _field(config, "provided_data", dict, {})
@@ -155,7 +159,7 @@ def parse_submit(body: dict, default_memory_mb: int) -> tuple[dict, str]:
     completion = _field(body, "completion", str, "")
     code = completion if ours else _fenced_code(completion, language)  # minirl sends the program itself
     time_limit_s, memory_mb = _limits(_field(config, "run_timeout", (int, float)),
-                                      _field(ours, "memory_limit_mb", int), default_memory_mb)
+                                      _field(ours, "memory_limit_mb", int), default_memory_mb, max_memory_mb)
     tolerance = _field(ours, "float_tolerance", (int, float))
     return dict(source=code, language=language, tests=tests, time_limit_s=time_limit_s, memory_limit_mb=memory_mb,
                 float_tolerance=tolerance, processes=_field(ours, "processes", bool, False)), code
@@ -223,16 +227,17 @@ class JudgeServer(BackgroundServer):
     """SandboxFusion's API from one `Judge` (one thread per request; the judge's pool runs concurrent
     requests' programs side by side)."""
 
-    def __init__(self, judge: Judge, host: str = "127.0.0.1", port: int = 8080, memory_limit_mb: int = 1024):
-        self.judge, self.memory_limit_mb = judge, memory_limit_mb
+    def __init__(self, judge: Judge, host: str = "127.0.0.1", port: int = 8080, memory_limit_mb: int = 1024,
+                 max_memory_mb: int = MAX_MEMORY_MB):
+        self.judge, self.memory_limit_mb, self.max_memory_mb = judge, memory_limit_mb, max_memory_mb
         super().__init__(_handler(self), host, port, "minirl-judge-server")
 
     def handle(self, path: str, body: dict) -> dict:
         """The reply to POST `path`; RequestError for a request to refuse."""
         if path == "/run_code":
-            job = parse_run_code(body, self.memory_limit_mb)
+            job = parse_run_code(body, self.memory_limit_mb, self.max_memory_mb)
             return run_code_response(self._judge(job), job["language"])
-        job, code = parse_submit(body, self.memory_limit_mb)
+        job, code = parse_submit(body, self.memory_limit_mb, self.max_memory_mb)
         return submit_response(self._judge(job), job, code, body.get("id"))
 
     def _judge(self, job: dict) -> JudgeResult:
@@ -292,9 +297,10 @@ def _handler(server: JudgeServer):
     return Handler
 
 
-def serve(judge: Judge, host: str = "127.0.0.1", port: int = 8080, memory_limit_mb: int = 1024) -> JudgeServer:
+def serve(judge: Judge, host: str = "127.0.0.1", port: int = 8080, memory_limit_mb: int = 1024,
+          max_memory_mb: int = MAX_MEMORY_MB) -> JudgeServer:
     """Start serving in a background thread (port 0: any free port; see .url). Call .close() to stop."""
-    return JudgeServer(judge, host, port, memory_limit_mb).start()
+    return JudgeServer(judge, host, port, memory_limit_mb, max_memory_mb).start()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -303,12 +309,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
     ap.add_argument("--workers", type=int, default=0, help="parallel sandboxed programs (0 = all cores)")
     ap.add_argument("--memory-limit-mb", type=int, default=1024, help="when a request gives none")
+    ap.add_argument("--max-memory-mb", type=int, default=MAX_MEMORY_MB,
+                    help="the most a request may ask for (each worker may hold it at once)")
     ap.add_argument("--judge-isolation", choices=["strict", "weak"], default="strict",
                     help="weak: also serve where the sandbox has no namespaces (train.py's judge_isolation)")
     args = ap.parse_args(argv)
     from minirl.judge.pool import require_isolation
     with require_isolation(Judge(workers=args.workers or None), args.judge_isolation) as judge:
-        server = JudgeServer(judge, args.host, args.port, args.memory_limit_mb)
+        server = JudgeServer(judge, args.host, args.port, args.memory_limit_mb, args.max_memory_mb)
         print(f"minirl judge ({judge.workers} workers) serving SandboxFusion's API on {server.url}", flush=True)
         server.serve_until_interrupted()
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import tempfile
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ from minirl.judge.compile import MESSAGE_LIMIT, compile_cpp, tail
 from minirl.judge.sandbox import Sandbox, isolation_mode
 from minirl.judge.worker_sandbox import WorkerSandbox
 from minirl.judge.stdio import OUTPUT_LIMIT_BYTES
-from minirl.judge.host import cache_dir, lease_uids, remove_tree
+from minirl.judge.host import job_folder, lease_uids, remove_tree
 
 log = logging.getLogger(__name__)
 VERDICTS = ("AC", "WA", "TLE", "MLE", "RE", "CE", "OLE")
@@ -193,7 +192,7 @@ def prepare(source: str, language: str, tests: list[dict], time_limit_s: float =
     `processes`: the problem needs new processes (fork, subprocess); by default a program is one process (its
     threads included), so that no child can hide its CPU time or hold an address space of its own."""
     language = LANGUAGES[language]
-    root = Path(tempfile.mkdtemp(prefix="run-", dir=cache_dir()))  # 0700: host-side files of this job
+    root = job_folder("run")  # 0700: host-side files of this job
     own = root / ".job"  # the program and checker: root's alone even where root/ is 0711 ("uid" mode)
     try:
         own.mkdir(mode=0o700)

@@ -275,3 +275,24 @@ def test_uid_mode_no_state_in_shared_folders_and_no_sibling_output():
     finally:
         for d in ("/dev/shm", "/tmp", "/var/tmp"):
             Path(d, tag).unlink(missing_ok=True)
+
+
+def test_a_new_judge_removes_the_job_folders_of_judges_that_were_killed():
+    """Job folders are named after their judge's process; a judge SIGKILLed mid-batch leaves its own behind,
+    and the next Judge removes them, never a live judge's."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    tag = uuid.uuid4().hex[:8]
+    gone = [f"run-{dead.pid}-{tag}", f"cc-{dead.pid}-{tag}"]
+    kept = [f"run-{os.getpid()}-{tag}", f"run-1-{tag}", f"other-{dead.pid}-{tag}"]   # live judges; not a job's
+    try:
+        for name in gone + kept:
+            (cache_dir() / name / ".job").mkdir(parents=True)
+        with Judge(workers=1) as j:
+            assert j.run("print(1)\n", "python", [{"input": "", "output": "1"}]).verdict == "AC"
+        left = {p.name for p in cache_dir().iterdir()}
+        assert not set(gone) & left and set(kept) <= left
+        assert not any(n.startswith(f"run-{os.getpid()}-") and n not in kept for n in left)  # its own: removed
+    finally:
+        for name in gone + kept:
+            subprocess.run(["rm", "-rf", str(cache_dir() / name)])

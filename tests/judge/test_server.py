@@ -95,6 +95,17 @@ def test_missing_memory_limit_is_the_servers_default(server):
     assert (status, reply["status"], reply["run_result"]["stdout"]) == (200, "Success", "True\n")
 
 
+def test_a_request_over_the_servers_memory_cap_is_refused_with_the_cap_named(server):
+    """Every worker may hold a request's limit at once: a client must not size the host (a 1 TiB limit would
+    let its programs take the machine)."""
+    body = {"code": "print(1)\n", "language": "python", "stdin": "", "run_timeout": 5,
+            "memory_limit_MB": 1 << 20}
+    status, reply = post(server.url + "/run_code", body)
+    assert status == 400 and "cap of 4096 MB" in json.dumps(reply) and "--max-memory-mb" in json.dumps(reply)
+    status, reply = post(server.url + "/run_code", {**body, "memory_limit_MB": 4096})
+    assert (status, reply["status"]) == (200, "Success")
+
+
 def test_submit_judges_a_commonoj_program_and_gives_minirls_verdict(server):
     from sandbox_fusion import SubmitRequest, TestConfig, submit
     tests = [{"input": {"stdin": t["input"]}, "output": {"stdout": t["output"]}} for t in AB]
