@@ -169,3 +169,41 @@ def test_server_checks_the_api_key(server):
         urllib.request.urlopen(request, timeout=10)
     request = urllib.request.Request(server + "/api/v1/healthz", headers={"X-API-Key": API_KEY})
     assert json.loads(urllib.request.urlopen(request, timeout=10).read()) == {"status": "ok"}
+
+
+def test_forward_backward_custom_and_a_sampler_from_a_saved_path_work_over_http(server):
+    """Two SDK paths of the minimal loops' neighbours, over HTTP: `forward_backward_custom` (the SDK runs a
+    forward, differentiates the user's loss locally, and sends its gradient back as cross-entropy weights) and
+    `save_weights_for_sampler(name)` -> `create_sampling_client(model_path=)`, a sampler of those weights even
+    after training goes on."""
+    service_client = tinker.ServiceClient(base_url=server)
+    tc = service_client.create_lora_training_client(base_model="tiny", rank=8).result()
+    tok = tc.get_tokenizer()
+    tokens = prompt_of(tok, toy_rows(1, offset=3)[0]) + tok.encode("#### 7", add_special_tokens=False)
+    weights = [0.0] * 10 + [1.0] * (len(tokens) - 11)
+    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights})
+
+    def nll() -> float:
+        out = tc.forward([datum], "cross_entropy").result()
+        return -float((out.loss_fn_outputs[0]["logprobs"].to_torch() * torch.tensor(weights)).sum())
+
+    def custom(data, logprobs):
+        loss = -(logprobs[0] * torch.tensor(weights)).sum()
+        return loss, {"custom_nll": float(loss)}
+
+    before = nll()
+    saved = tc.save_weights_for_sampler("before").result()
+    result = tc.forward_backward_custom([datum], custom).result()
+    assert result.metrics["custom_nll"] == pytest.approx(before, rel=1e-5)
+    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    assert nll() < before - 1e-3                                   # the custom loss's gradient was applied
+
+    prompt = types.ModelInput.from_ints(tokens)
+    old = service_client.create_sampling_client(model_path=saved.path).result()
+    old_lp = old.compute_logprobs(prompt).result()
+    now_lp = tc.save_weights_and_get_sampling_client().result().compute_logprobs(prompt).result()
+    assert old_lp[1:] != pytest.approx(now_lp[1:], abs=1e-4)        # the saved sampler kept the old weights
+    again = service_client.create_sampling_client(model_path=saved.path).result().compute_logprobs(
+        prompt).result()
+    assert again == old_lp
