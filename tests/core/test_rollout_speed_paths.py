@@ -23,7 +23,7 @@ def ends_often(model, eos_id: int, boost: float = 3.0):
     return model
 
 
-def both_paths(monkeypatch, model, tokenizer, seed=0, **kw):
+def both_paths(monkeypatch, model, tokenizer, seed=0, prompts=PROMPTS, **kw):
     """(decode loop's rollout, generate's rollout), each with its random draw after the call."""
     results = []
     for fast in (True, False):
@@ -31,7 +31,7 @@ def both_paths(monkeypatch, model, tokenizer, seed=0, **kw):
             if not fast:
                 m.setattr(rollout, "shares_prompts", lambda *args: False)
             torch.manual_seed(seed)
-            r = rollout.sample(model, tokenizer, PROMPTS, **kw)
+            r = rollout.sample(model, tokenizer, prompts, **kw)
             results.append((r, torch.rand(1)))
     return results
 
@@ -335,15 +335,8 @@ def test_sliding_window_layers_keep_the_prompts_padding_masked(monkeypatch, tiny
     """A model with sliding-window layers (their cache stays transformers'): rows of a short, left-padded prompt
     must not attend to the padding (the two-part attention is off for such a model)."""
     model = small_model(tiny_tokenizer, "Mistral", sliding_window=24)
-    prompts = [PROMPTS[0], LONG_PROMPT, PROMPTS[2]]
-    results = []
-    for fast in (True, False):
-        with monkeypatch.context() as m:
-            if not fast:
-                m.setattr(rollout, "shares_prompts", lambda *args: False)
-            torch.manual_seed(0)
-            results.append((rollout.sample(model, tiny_tokenizer, prompts, group_size=3, max_new_tokens=16),
-                            torch.rand(1)))
+    results = both_paths(monkeypatch, model, tiny_tokenizer, prompts=[PROMPTS[0], LONG_PROMPT, PROMPTS[2]],
+                         group_size=3, max_new_tokens=16)
     assert results[0][0].prompt_mask.sum(1).min() < 24 < results[0][0].prompt_mask.shape[1]   # padding in window
     assert_same(*results)
 
@@ -353,14 +346,8 @@ def test_a_one_token_prompt_beside_longer_ones_samples_what_generate_samples(mon
     """A one-token prompt has no prefix before its last token: its part of the two-part attention weighs 0."""
     model = ends_often(random_model, tiny_tokenizer.eos_token_id)
     long = tiny_tokenizer(LONG_PROMPT, add_special_tokens=False).input_ids
-    results = []
-    for fast in (True, False):
-        with monkeypatch.context() as m:
-            if not fast:
-                m.setattr(rollout, "shares_prompts", lambda *args: False)
-            torch.manual_seed(0)
-            results.append((rollout.sample(model, tiny_tokenizer, [[long[3]], long], group_size=2,
-                                           max_new_tokens=8), torch.rand(1)))
+    results = both_paths(monkeypatch, model, tiny_tokenizer, prompts=[[long[3]], long], group_size=2,
+                         max_new_tokens=8)
     assert_same(*results, model)
 
 
