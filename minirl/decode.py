@@ -256,34 +256,23 @@ def _shared_prefix_attention(module, query, key, value, attention_mask, dropout:
     return layer.attend(query, key, value, scaling), None
 
 
-class _SharedPrefix(DynamicLayer):
+class _SharedPrefix(_Preallocated):
     """One layer's decode cache: the B prompts' keys and values (B, Hkv, P-1, D) once, and the rows' own tokens
-    in a buffer sized for the rollout (N, Hkv, R, D), written in place. `rows`: the rows still running (their
-    index among the N); row r belongs to prompt r // G."""
+    in `_Preallocated`'s buffer (N, Hkv, R, D). `rows`: the rows still running (their index among the N); row r
+    belongs to prompt r // G."""
 
     def __init__(self, layer: DynamicLayer, prefix_mask: torch.Tensor, group_size: int, capacity: int):
-        super().__init__()
-        self.dtype, self.device, self.is_initialized = layer.dtype, layer.device, True
-        self.prompt_k, self.prompt_v = layer.keys, layer.values
         B, heads, P1, D = layer.keys.shape
+        own = DynamicLayer()                           # no token of its own yet, for each of the N rows
+        own.update(*(x.new_empty((B * group_size, heads, 0, D)) for x in (layer.keys, layer.values)))
+        super().__init__(own, capacity)
+        self.prompt_k, self.prompt_v = layer.keys, layer.values
         self.G, self.P1 = group_size, P1
         # additive mask over the prompt keys: -inf at left padding; (B, 1, 1, P-1), the queries' dtype
         self.prompt_bias = torch.zeros(B, 1, 1, P1, dtype=layer.dtype, device=layer.device).masked_fill(
             ~prefix_mask.bool()[:, None, None, :], float("-inf"))
         self.no_prefix = ~prefix_mask.bool().any(1)     # (B,) one-token prompts: nothing before their last token
-        self._k = layer.keys.new_empty((B * group_size, heads, capacity, D))
-        self._v = torch.empty_like(self._k)
         self.rows = torch.arange(B * group_size, device=layer.device)
-        self.length = 0
-        self.keys, self.values = self._k[:, :, :0], self._v[:, :, :0]
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        end = self.length + key_states.shape[-2]
-        self._k[:, :, self.length:end] = key_states
-        self._v[:, :, self.length:end] = value_states
-        self.length = end
-        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
-        return self.keys, self.values
 
     def get_seq_length(self) -> int:
         return self.P1 + self.length                   # what the mask and the positions count
@@ -293,13 +282,8 @@ class _SharedPrefix(DynamicLayer):
 
     def reorder_cache(self, beam_idx: torch.Tensor) -> None:
         """Keep rows `beam_idx` of those running: only their own tokens are copied."""
-        idx = beam_idx.to(self.device)
-        self.rows = self.rows[idx]
-        k, v = self.keys[idx], self.values[idx]
-        self._k = k.new_empty(k.shape[:2] + self._k.shape[2:])
-        self._v = torch.empty_like(self._k)
-        self._k[:, :, :self.length], self._v[:, :, :self.length] = k, v
-        self.keys, self.values = self._k[:, :, :self.length], self._v[:, :, :self.length]
+        self.rows = self.rows[beam_idx.to(self.device)]
+        super().reorder_cache(beam_idx)
 
     batch_select_indices = reorder_cache
 
