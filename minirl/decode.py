@@ -12,10 +12,13 @@ Hugging Face `generate` gives over the N = B*G repeated rows with the same seed,
   (`_Preallocated`); DynamicLayer's torch.cat copied the whole cache at every step.
 - Packed weights on CPU. In fp32 each nn.Linear runs oneDNN's matmul on a weight packed once per call
   (`_packed_linears`): 2-3x F.linear's speed at decode shapes.
+- The prompt read once per group (sdpa models, fp32): `_SharedPrefix` keeps each prompt's keys and values
+  once, and attention runs in two parts merged by their log-sum-exp (see the section below).
 - The same samples. The warpers are generate's (temperature, top-k, top-p). The Gumbel noise of each step is
   drawn for all N rows, as generate's loop draws it, and the rows still running take theirs: a row's noise
   does not depend on which other rows have ended, so the samples are generate's token for token (up to the
-  float rounding of other batch shapes and of oneDNN's products, ~1e-6 in fp32), and the random state after the call is the same too.
+  float rounding of other batch shapes, of oneDNN's products and of the two-part attention, ~1e-6 in fp32),
+  and the random state after the call is the same too.
 - Not handled here (rollout.sample uses generate for them): caches other than plain per-layer keys and values
   (linear-attention or convolution states are written in place; copying rows of them would need their own
   rules), and RoPE variants whose frequencies depend on the batch's longest position.
@@ -69,8 +72,9 @@ def _decode(model, prompt_ids, prompt_mask, group_size, max_new_tokens, warpers,
         return None
     # the two-part attention needs every layer's cache in its hands (a sliding-window layer keeps transformers'
     # mask), and fp32 (the two parts are rounded apart: in bf16 that changes samples)
-    shared = _shares_prefix(model) and all(type(layer) is DynamicLayer and layer.keys.dtype == torch.float32
-                                           for layer in cache.layers)
+    configs = _configs(model)
+    shared = _shares_prefix(configs) and all(type(layer) is DynamicLayer and layer.keys.dtype == torch.float32
+                                             for layer in cache.layers)
     for i, layer in enumerate(cache.layers):
         if shared and type(layer) is DynamicLayer:     # the prompt's K, V kept once, the rows' own after it
             cache.layers[i] = _SharedPrefix(layer, prompt_mask[:, :-1], group_size, max_new_tokens)
@@ -84,7 +88,7 @@ def _decode(model, prompt_ids, prompt_mask, group_size, max_new_tokens, warpers,
     eos = torch.tensor(eos_ids, device=prompt_ids.device)
     response = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=prompt_ids.device)
     for t in range(max_new_tokens):
-        with _attention(model, cache if shared else None):   # shared: the prompt's padding is the cache's to mask
+        with _attention(configs, cache if shared else None):   # shared: the prompt's padding is the cache's to mask
             logits = model(input_ids=ids[:, -1:], attention_mask=None if shared else mask, position_ids=position,
                            past_key_values=cache, use_cache=True).logits[:, -1].float()                   # (n, V)
         scores = logits
@@ -196,22 +200,25 @@ SHARED_PREFIX = "minirl_shared_prefix"
 _active = threading.local()          # .cache: the decode cache of this thread's decoding call
 
 
-def _shares_prefix(model) -> bool:
+def _configs(model) -> list:
+    """The distinct configs the model's modules read (their attention implementation among them)."""
+    return list({id(m.config): m.config for m in model.modules() if hasattr(m, "config")}.values())
+
+
+def _shares_prefix(configs: list) -> bool:
     """Whether the decode loop can attend in two parts: the model runs sdpa attention (what the two-part
     function stands in for) and plain keys (no logit softcapping, which transformers' sdpa refuses anyway)."""
-    configs = [m.config for m in model.modules() if hasattr(m, "config")]
     return bool(configs) and all(getattr(c, "_attn_implementation", None) == "sdpa" for c in configs)
 
 
 @contextlib.contextmanager
-def _attention(model, cache):
+def _attention(configs: list, cache):
     """With `cache` (a decode cache of _SharedPrefix layers): the model's attention is the two-part one for
     this call, in this thread."""
     if cache is None:
         yield
         return
     _register()
-    configs = list({id(m.config): m.config for m in model.modules() if hasattr(m, "config")}.values())
     # the attribute behind transformers' property, whose setter would also overwrite every sub-config
     field = "_attn_implementation_internal" if all(hasattr(c, "_attn_implementation_internal") for c in configs) \
         else "_attn_implementation"
@@ -227,6 +234,7 @@ def _attention(model, cache):
         _active.cache = outer
 
 
+@functools.cache
 def _register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
