@@ -14,9 +14,8 @@ Each operation is a thin wrapper over the function train.py uses for the same st
 over `loss.tinker_loss`), `update.optim_step`, `checkpoint`. A client's operations run in call order on one
 thread (minirl/sessions/worker.py), so `optim_step` can be submitted before `forward_backward` has finished.
 
-Where minirl differs from the Tinker service, and what is left out: docs/sessions.md (what would change a
-result and is not supported raises). Under `accelerate launch` / torchrun every process runs the loop on its
-share of the data (SPMD); optim_step sums the gradients across processes.
+How minirl differs from the Tinker service, what is left out: docs/sessions.md (unsupported and result-changing
+raises). Under accelerate/torchrun each process runs the loop on its data share; optim_step sums gradients.
 """
 from __future__ import annotations
 
