@@ -3,6 +3,7 @@ them, each getting AC only if it works (so `verdict != "AC"` is the property), w
 Limits (processes, memory, the compiler, the end of a run) are tests/judge/test_judge_limits.py.
 """
 import os
+import shutil
 import subprocess
 import tempfile
 import textwrap
@@ -198,7 +199,9 @@ def test_rlimits_mode_a_program_cannot_kill_the_judge():
         "from pathlib import Path\nfrom minirl.judge import judge_job\n"
         f"r = judge_job(Path('attack.py').read_text(), 'python', [{{'input': '', 'output': '3'}}], uid={uid})\n"
         "print('verdict', r.verdict, r.message[-300:])\n")
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "HOME": str(tmp_path), "TMPDIR": str(tmp_path),
+    # the package itself, where the sandbox uid can read it: the checkout may sit under a folder only root enters
+    shutil.copytree(ROOT / "minirl", tmp_path / "minirl", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(tmp_path), "HOME": str(tmp_path), "TMPDIR": str(tmp_path),
            "MINIRL_JUDGE_LEASES": str(tmp_path / "leases")}
     try:
         proc = subprocess.run([PYTHON, "judge.py"], capture_output=True, text=True, timeout=120, env=env,
