@@ -14,11 +14,11 @@ Hugging Face `generate` gives over the N = B*G repeated rows with the same seed,
   (`_packed_linears`): 2-3x F.linear's speed at decode shapes.
 - The prompt read once per group (sdpa models, fp32): `_SharedPrefix` keeps each prompt's keys and values
   once, and attention runs in two parts merged by their log-sum-exp (see the section below).
-- The same samples. The warpers are generate's (temperature, top-k, top-p). The Gumbel noise of each step is
-  drawn for all N rows, as generate's loop draws it, and the rows still running take theirs: a row's noise
-  does not depend on which other rows have ended, so the samples are generate's token for token (up to the
-  float rounding of other batch shapes, of oneDNN's products and of the two-part attention, ~1e-6 in fp32),
-  and the random state after the call is the same too.
+- The same samples. The warpers are generate's (temperature, top-k, top-p). The uniforms of each step's
+  Gumbel noise are drawn for all N rows, as generate's loop draws them, and the rows still running take
+  theirs: a row's noise does not depend on which other rows have ended, so the samples are generate's token
+  for token (up to the float rounding of other batch shapes, of oneDNN's products and of the two-part
+  attention, ~1e-6 in fp32), and the random state after the call is the same too.
 - Not handled here (rollout.sample uses generate for them): caches other than plain per-layer keys and values
   (linear-attention or convolution states are written in place; copying rows of them would need their own
   rules), and RoPE variants whose frequencies depend on the batch's longest position.
@@ -37,7 +37,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from minirl.logprobs import _plain_attention_cache, position_ids_from_mask
-from minirl.rollout import add_gumbel_noise
+from minirl.rollout import gumbel_argmax, gumbel_uniforms
 
 
 @torch.no_grad()
@@ -95,9 +95,10 @@ def _decode(model, prompt_ids, prompt_mask, group_size, max_new_tokens, warpers,
         for warp in warpers:
             scores = warp(ids, scores)
         if noise:  # every row's uniforms are drawn, so that each row's noise is the one generate would give it
-            uniforms = torch.rand((N, scores.shape[1]), dtype=scores.dtype, device=scores.device)
-            scores = add_gumbel_noise(scores, uniforms[running] if len(running) < N else uniforms)
-        tokens = scores.argmax(-1)                                                                         # (n,)
+            uniforms = gumbel_uniforms(N, scores.shape[1], scores.device)
+            tokens = gumbel_argmax(scores, uniforms[running] if len(running) < N else uniforms)           # (n,)
+        else:
+            tokens = scores.argmax(-1)
         response[running, t] = tokens
         ids = torch.cat([ids, tokens[:, None]], dim=1)
         mask = torch.cat([mask, mask.new_ones(len(mask), 1)], dim=1)
@@ -280,7 +281,14 @@ class _SharedPrefix(_Preallocated):
         self.prompt_bias = torch.zeros(B, 1, 1, P1, dtype=layer.dtype, device=layer.device).masked_fill(
             ~prefix_mask.bool()[:, None, None, :], float("-inf"))
         self.no_prefix = ~prefix_mask.bool().any(1)     # (B,) one-token prompts: nothing before their last token
-        self.rows = torch.arange(B * group_size, device=layer.device)
+        self._running(torch.arange(B * group_size, device=layer.device))
+
+    def _running(self, rows: torch.Tensor) -> None:
+        """What every step's attention needs of the running rows, found when they change, not at every step:
+        each row's prompt and place in its group, and which of them have an empty prompt part (None: none)."""
+        self.rows, self.owner, self.slot = rows, rows // self.G, rows % self.G
+        empty = self.no_prefix[self.owner]
+        self.empty = empty if bool(empty.any()) else None
 
     def get_seq_length(self) -> int:
         return self.P1 + self.length                   # what the mask and the positions count
@@ -290,7 +298,7 @@ class _SharedPrefix(_Preallocated):
 
     def reorder_cache(self, beam_idx: torch.Tensor) -> None:
         """Keep rows `beam_idx` of those running: only their own tokens are copied."""
-        self.rows = self.rows[beam_idx.to(self.device)]
+        self._running(self.rows[beam_idx.to(self.device)])
         super().reorder_cache(beam_idx)
 
     batch_select_indices = reorder_cache
@@ -298,7 +306,7 @@ class _SharedPrefix(_Preallocated):
     def full(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Each running row's keys and values over the whole sequence (n, Hkv, P-1+t, D), and the additive mask
         of its prompt's padding (n, 1, 1, P-1+t): the fallback."""
-        owner = self.rows // self.G
+        owner = self.owner
         mask = torch.cat([self.prompt_bias[owner], self.prompt_bias.new_zeros(len(owner), 1, 1, key.shape[2])], 3)
         return torch.cat([self.prompt_k[owner], key], 2), torch.cat([self.prompt_v[owner], value], 2), mask
 
@@ -311,19 +319,26 @@ class _SharedPrefix(_Preallocated):
         B, kv_heads = self.prompt_k.shape[:2]
         rep = H // kv_heads                             # query heads per key head (GQA): head h reads h // rep
         q = query.reshape(n, kv_heads, rep, D)
-        owner, slot = self.rows // self.G, self.rows % self.G
-        grouped = q.new_zeros(B, kv_heads, self.G, rep, D)           # each group's queries side by side
-        grouped[owner, :, slot] = q
-        out_p, lse_p = flash(grouped.view(B, kv_heads, self.G * rep, D), self.prompt_k, self.prompt_v,
+        if n == B * self.G:                             # every row running: the groups are the batch's rows
+            grouped = q.view(B, self.G, kv_heads, rep, D).transpose(1, 2)
+        else:                                           # the running rows' queries at their place in the group
+            grouped = q.new_zeros(B, kv_heads, self.G, rep, D)
+            grouped[self.owner, :, self.slot] = q
+        out_p, lse_p = flash(grouped.reshape(B, kv_heads, self.G * rep, D), self.prompt_k, self.prompt_v,
                              attn_mask=self.prompt_bias, scale=scale)
-        out_p = out_p.view(B, kv_heads, self.G, rep, D)[owner, :, slot]                          # (n, Hkv, rep, D)
-        lse_p = lse_p.view(B, kv_heads, self.G, rep)[owner, :, slot]                             # (n, Hkv, rep)
-        # a prompt of one token has no prefix: its part must weigh 0 (the flash op gives lse 0 there, not -inf)
-        lse_p = lse_p.masked_fill(self.no_prefix[owner][:, None, None], float("-inf"))
-        out_p = out_p.masked_fill(self.no_prefix[owner][:, None, None, None], 0.0)
+        out_p, lse_p = out_p.view(B, kv_heads, self.G, rep, D), lse_p.view(B, kv_heads, self.G, rep)
+        if n == B * self.G:
+            out_p, lse_p = out_p.transpose(1, 2).reshape(n, kv_heads, rep, D), lse_p.transpose(1, 2).reshape(
+                n, kv_heads, rep)
+        else:
+            out_p, lse_p = out_p[self.owner, :, self.slot], lse_p[self.owner, :, self.slot]   # (n, Hkv, rep, .)
+        if self.empty is not None:
+            # a prompt of one token has no prefix: its part must weigh 0 (the flash op gives lse 0, not -inf)
+            lse_p = lse_p.masked_fill(self.empty[:, None, None], float("-inf"))
+            out_p = out_p.masked_fill(self.empty[:, None, None, None], 0.0)
         out_r, lse_r = flash(q, key, value, scale=scale)                                       # own tokens
-        lse = torch.logaddexp(lse_p, lse_r)
-        out = out_p * (lse_p - lse).exp()[..., None] + out_r * (lse_r - lse).exp()[..., None]
+        # the two softmaxes merged: the prompt part's share of the total mass is sigmoid(lse_p - lse_r)
+        out = torch.lerp(out_r, out_p, torch.sigmoid(lse_p - lse_r)[..., None])
         return out.reshape(n, 1, H, D).to(query.dtype)
 
 

@@ -148,9 +148,39 @@ def test_gumbel_sampling_draws_from_the_tempered_truncated_softmax():
 
 def test_gumbel_noise_never_picks_a_filtered_token_even_when_the_uniform_is_zero(monkeypatch):
     from minirl.rollout import GumbelNoise
-    monkeypatch.setattr(torch, "rand_like", lambda x: torch.zeros_like(x))
-    scores = torch.tensor([[-float("inf"), -float("inf"), 5.0, -float("inf")]])
-    assert GumbelNoise()(None, scores).argmax(-1).item() == 2
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kw: torch.zeros(*shape))
+    scores = torch.full((1, 600), -float("inf"))
+    scores[0, 300] = 5.0                                 # the only kept entry, in the second of three blocks
+    assert GumbelNoise()(None, scores).argmax(-1).item() == 300
+
+
+def test_the_two_level_gumbel_draw_samples_the_softmax_over_a_large_vocabulary():
+    """Over GUMBEL_ONE_LEVEL entries gumbel_argmax draws a block, then an entry of it: 40k draws over 40 kept
+    entries spread over all 17 blocks (the last one padded) match softmax(scores); the rest are never drawn."""
+    from minirl.rollout import GUMBEL_BLOCK, GUMBEL_ONE_LEVEL, gumbel_argmax, gumbel_uniforms
+    torch.manual_seed(0)
+    V, n = GUMBEL_ONE_LEVEL + 100, 40000
+    kept = torch.randperm(V)[:40]
+    kept[0] = V - 1                                                  # one in the padded last block
+    logits = torch.full((V,), -float("inf"))
+    logits[kept] = torch.randn(40) * 1.5
+    assert len(set((kept // GUMBEL_BLOCK).tolist())) > 12            # spread over the blocks
+    tokens = torch.cat([gumbel_argmax(logits.repeat(n // 8, 1), gumbel_uniforms(n // 8, V)) for _ in range(8)])
+    counts = torch.bincount(tokens, minlength=V).double() / n
+    p = torch.softmax(logits.double(), -1)
+    assert counts[p == 0].sum() == 0
+    z = (counts - p)[kept].abs() / (p * (1 - p) / n).sqrt()[kept]
+    assert z.max() < 4.5, z                                          # 40 entries: |z| > 4.5 has p ~ 3e-4 in all
+
+
+def test_the_sampling_noise_of_a_small_vocabulary_is_one_uniform_an_entry():
+    """Up to GUMBEL_ONE_LEVEL entries the draw is argmax(scores + Gumbel(U)) with U = torch.rand(N, V)."""
+    from minirl.rollout import GUMBEL_ONE_LEVEL, add_gumbel_noise, gumbel_argmax, gumbel_uniforms
+    scores = torch.randn(64, GUMBEL_ONE_LEVEL)
+    torch.manual_seed(3)
+    tokens = gumbel_argmax(scores, gumbel_uniforms(*scores.shape))
+    torch.manual_seed(3)
+    assert torch.equal(tokens, add_gumbel_noise(scores, torch.rand(scores.shape)).argmax(-1))
 
 
 def test_chunked_logprobs_gradients_are_the_same_with_and_without_recomputing(monkeypatch):
