@@ -104,6 +104,7 @@ def gumbel_argmax(scores: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     independent of its value (the Gumbel-max trick applied to the blocks). So a noisy argmax over the blocks'
     logsumexps picks the block, and one over that block's scores the entry: the law of the full argmax, from
     ~450 uniforms a row instead of V. Filtered (-inf) entries are never picked."""
+    scores = scores.float()                     # a block's logsumexp rounded to bf16 would bias its odds
     n, V = scores.shape
     if V <= GUMBEL_ONE_LEVEL:                                           # one level: a noise per entry
         return add_gumbel_noise(scores, uniforms).argmax(-1)
@@ -119,7 +120,7 @@ def gumbel_argmax(scores: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 def add_gumbel_noise(scores: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """scores + Gumbel(0, 1) noise made from uniforms of the same shape (consumed in place)."""
     # U = 0 would give -inf noise: if it hit every kept entry of a row, argmax would pick a filtered token
-    u = uniforms.clamp_(min=torch.finfo(scores.dtype).tiny)
+    u = uniforms.clamp_(min=torch.finfo(uniforms.dtype).tiny)
     return scores - u.log_().neg_().log_()
 
 
