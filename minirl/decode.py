@@ -319,26 +319,24 @@ class _SharedPrefix(_Preallocated):
         B, kv_heads = self.prompt_k.shape[:2]
         rep = H // kv_heads                             # query heads per key head (GQA): head h reads h // rep
         q = query.reshape(n, kv_heads, rep, D)
-        if n == B * self.G:                             # every row running: the groups are the batch's rows
+        everyone = n == B * self.G                      # every row running: the groups are the batch's rows
+        if everyone:
             grouped = q.view(B, self.G, kv_heads, rep, D).transpose(1, 2)
         else:                                           # the running rows' queries at their place in the group
             grouped = q.new_zeros(B, kv_heads, self.G, rep, D)
             grouped[self.owner, :, self.slot] = q
         out_p, lse_p = flash(grouped.reshape(B, kv_heads, self.G * rep, D), self.prompt_k, self.prompt_v,
                              attn_mask=self.prompt_bias, scale=scale)
-        out_p, lse_p = out_p.view(B, kv_heads, self.G, rep, D), lse_p.view(B, kv_heads, self.G, rep)
-        if n == B * self.G:
-            out_p, lse_p = out_p.transpose(1, 2).reshape(n, kv_heads, rep, D), lse_p.transpose(1, 2).reshape(
-                n, kv_heads, rep)
-        else:
-            out_p, lse_p = out_p[self.owner, :, self.slot], lse_p[self.owner, :, self.slot]   # (n, Hkv, rep, .)
+        parts = out_p.view(B, kv_heads, self.G, rep, D), lse_p.view(B, kv_heads, self.G, rep, 1)
+        out_p, lse_p = [x.transpose(1, 2).reshape(n, kv_heads, rep, -1) if everyone else x[self.owner, :, self.slot]
+                        for x in parts]                                             # (n, Hkv, rep, D or 1)
         if self.empty is not None:
             # a prompt of one token has no prefix: its part must weigh 0 (the flash op gives lse 0, not -inf)
-            lse_p = lse_p.masked_fill(self.empty[:, None, None], float("-inf"))
+            lse_p = lse_p.masked_fill(self.empty[:, None, None, None], float("-inf"))
             out_p = out_p.masked_fill(self.empty[:, None, None, None], 0.0)
         out_r, lse_r = flash(q, key, value, scale=scale)                                       # own tokens
         # the two softmaxes merged: the prompt part's share of the total mass is sigmoid(lse_p - lse_r)
-        out = torch.lerp(out_r, out_p, torch.sigmoid(lse_p - lse_r)[..., None])
+        out = torch.lerp(out_r, out_p, torch.sigmoid(lse_p - lse_r[..., None]))
         return out.reshape(n, 1, H, D).to(query.dtype)
 
 
