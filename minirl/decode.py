@@ -3,9 +3,8 @@
 `rollout.sample` calls `decode` for the models it can take (rollout.shares_prompts); it gives the tokens that
 Hugging Face `generate` gives over the N = B*G repeated rows with the same seed, for less compute:
 - Prefill once. The B distinct prompts run through the model once, all but their last token; the KV cache is
-  then copied to the G rows of each group (the trick logprobs.states_before_responses uses for the trainer's
-  pass), and the first decoding step feeds every row its prompt's last token. Rows of a group get the same
-  logits there, as they would from G separate prefills.
+  then copied to the G rows of each group (as logprobs.states_before_responses does for the trainer's pass),
+  and the first decoding step feeds every row its prompt's last token.
 - Finished rows leave. A row that has produced an EOS (or completed a stop string) is dropped from the batch
   and from the cache, instead of decoding padding until the longest row ends.
 - No copy of the cache per step. Each layer's keys and values sit in one buffer sized for the whole rollout
@@ -14,14 +13,13 @@ Hugging Face `generate` gives over the N = B*G repeated rows with the same seed,
   (`_packed_linears`): 2-3x F.linear's speed at decode shapes.
 - The prompt read once per group (sdpa models, fp32): `_SharedPrefix` keeps each prompt's keys and values
   once, and attention runs in two parts merged by their log-sum-exp (see the section below).
-- The same samples. The warpers are generate's (temperature, top-k, top-p). The uniforms of each step's
-  Gumbel noise are drawn for all N rows, as generate's loop draws them, and the rows still running take
-  theirs: a row's noise does not depend on which other rows have ended, so the samples are generate's token
-  for token (up to the float rounding of other batch shapes, of oneDNN's products and of the two-part
-  attention, ~1e-6 in fp32), and the random state after the call is the same too.
+- The same samples. The warpers are generate's (temperature, top-k, top-p). Each step's uniforms for the
+  noise are drawn for all N rows, as generate's loop draws them, and the running rows take theirs: a row's
+  noise does not depend on which rows have ended, so the samples are generate's token for token (up to float
+  rounding, ~1e-6 in fp32: other batch shapes, oneDNN, the two-part attention), and so is the random state.
 - Not handled here (rollout.sample uses generate for them): caches other than plain per-layer keys and values
-  (linear-attention or convolution states are written in place; copying rows of them would need their own
-  rules), and RoPE variants whose frequencies depend on the batch's longest position.
+  (linear-attention or convolution states are written in place), and RoPE variants whose frequencies depend
+  on the batch's longest position.
 
 Shapes: B prompts, G rows per prompt, N = B*G rows, n <= N rows still running, P prompt tokens (left-padded),
 V vocabulary, R' <= max_new_tokens steps run.
@@ -89,16 +87,13 @@ def _decode(model, prompt_ids, prompt_mask, group_size, max_new_tokens, warpers,
     response = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=prompt_ids.device)
     for t in range(max_new_tokens):
         with _attention(configs, cache if shared else None):   # shared: the prompt's padding is the cache's to mask
-            logits = model(input_ids=ids[:, -1:], attention_mask=None if shared else mask, position_ids=position,
+            scores = model(input_ids=ids[:, -1:], attention_mask=None if shared else mask, position_ids=position,
                            past_key_values=cache, use_cache=True).logits[:, -1].float()                   # (n, V)
-        scores = logits
         for warp in warpers:
             scores = warp(ids, scores)
-        if noise:  # every row's uniforms are drawn, so that each row's noise is the one generate would give it
-            uniforms = gumbel_uniforms(N, scores.shape[1], scores.device)
-            tokens = gumbel_argmax(scores, uniforms[running] if len(running) < N else uniforms)           # (n,)
-        else:
-            tokens = scores.argmax(-1)
+        # every row's uniforms are drawn, so that each row's noise is the one generate would give it
+        tokens = gumbel_argmax(scores, gumbel_uniforms(N, scores.shape[1], scores.device)[running]) if noise \
+            else scores.argmax(-1)                                                                         # (n,)
         response[running, t] = tokens
         ids = torch.cat([ids, tokens[:, None]], dim=1)
         mask = torch.cat([mask, mask.new_ones(len(mask), 1)], dim=1)
@@ -284,8 +279,7 @@ class _SharedPrefix(_Preallocated):
         self._running(torch.arange(B * group_size, device=layer.device))
 
     def _running(self, rows: torch.Tensor) -> None:
-        """What every step's attention needs of the running rows, found when they change, not at every step:
-        each row's prompt and place in its group, and which of them have an empty prompt part (None: none)."""
+        """Set when rows leave, read by every step: each row's prompt and place in its group, which have no prefix."""
         self.rows, self.owner, self.slot = rows, rows // self.G, rows % self.G
         empty = self.no_prefix[self.owner]
         self.empty = empty if bool(empty.any()) else None
