@@ -41,3 +41,19 @@ def shared_file(rel: str) -> Path:
     if not path.exists():
         pytest.skip(f"{path} not present (../shared/data is laid beside the checkout)")
     return path
+
+
+# Gradients (and other sums) computed in two orders, by micro-batches or processes, differ by rounding whose
+# size follows the largest values summed, not each entry: fp32 keeps ~7 digits of the largest term. So they are
+# compared at the scale of the whole set, max|want| over every tensor, never with a fixed atol that a model
+# with larger gradients (other weights, another CPU) exceeds. rel=1e-5 is ~100 fp32 ulps at that scale: rounding
+# stays far below it (~3e-7 measured), a wrong normaliser or a dropped micro-batch is far above it.
+def assert_close_at_scale(got, want, rel: float = 1e-5) -> None:
+    """got and want: tensors, or dicts of tensors with the same keys (compared against one shared scale)."""
+    if not isinstance(want, dict):
+        got, want = {"": got}, {"": want}
+    assert got.keys() == want.keys()
+    scale = max(float(w.abs().max()) for w in want.values() if w.numel()) or 1.0
+    for k in want:
+        err = float((got[k] - want[k]).abs().max()) if want[k].numel() else 0.0
+        assert err <= rel * scale, f"{k}: max |got - want| = {err:.3g} > {rel:g} * scale {scale:.3g}"

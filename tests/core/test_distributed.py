@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, assert_close_at_scale
 from minirl.logprobs import token_logprobs
 from minirl.update import LossSettings, forward_backward
 
@@ -45,9 +45,7 @@ def step_grads(model, batch, agg, pieces=1, micro=8, max_len=6):
 
 
 def assert_same(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.allclose(a[k], b[k], atol=1e-6), (k, (a[k] - b[k]).abs().max())
+    assert_close_at_scale(a, b)
 
 
 @pytest.mark.parametrize("agg", AGGS)

@@ -3,6 +3,7 @@ import torch
 
 from minirl.logprobs import chunked_logprobs, token_logprobs
 from minirl.rollout import response_mask_from_ids, sample
+from conftest import assert_close_at_scale
 
 PROMPTS = ["<|im_start|>user\nWhat is 3+4?<|im_end|>\n<|im_start|>assistant\n",
            "<|im_start|>user\nWhat is 12+45 and then a longer tail?<|im_end|>\n<|im_start|>assistant\n"]
@@ -253,8 +254,7 @@ def test_a_prompt_shared_by_its_group_runs_once_with_the_same_logprobs_and_gradi
     assert torch.allclose(shared[0], plain[0], atol=1e-5)
     assert torch.allclose(shared[1][m], plain[1][m], atol=1e-5) and torch.allclose(shared[2][m], plain[2][m], atol=1e-4)
     assert shared[3].keys() == plain[3].keys() and len(shared[3]) > 0
-    for n in plain[3]:
-        assert torch.allclose(shared[3][n], plain[3][n], atol=1e-5), n
+    assert_close_at_scale(shared[3], plain[3])
 
 
 def test_hybrid_linear_attention_models_fall_back_to_one_pass_per_row():
@@ -278,6 +278,4 @@ def test_hybrid_linear_attention_models_fall_back_to_one_pass_per_row():
         model.zero_grad(set_to_none=True)
         states_before_responses(model, ids, attn, 4, share_prompts=share).sum().backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
-    assert grads[0].keys() == grads[1].keys()
-    for n in grads[1]:
-        assert torch.allclose(grads[0][n], grads[1][n], atol=1e-6), n
+    assert_close_at_scale(grads[0], grads[1])

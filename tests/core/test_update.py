@@ -5,6 +5,7 @@ from minirl.loss import policy_loss
 from minirl.logprobs import token_logprobs
 from minirl.rollout import sample
 from minirl.update import LossSettings, forward_backward, optim_step
+from conftest import assert_close_at_scale
 
 PROMPTS = ["<|im_start|>user\nWhat is 3+4?<|im_end|>\n<|im_start|>assistant\n",
            "<|im_start|>user\nWhat is 12+45?<|im_end|>\n<|im_start|>assistant\n"]
@@ -38,9 +39,8 @@ def test_loss_is_invariant_to_micro_batch_size(random_model, tiny_tokenizer, agg
     g1, m1 = grads_for(random_model, batch, settings, micro_batch_size=1)
     g4, m4 = grads_for(random_model, batch, settings, micro_batch_size=4)
     g8, _ = grads_for(random_model, batch, settings, micro_batch_size=8)
-    for name in g8:
-        assert torch.allclose(g1[name], g8[name], atol=1e-6), name
-        assert torch.allclose(g4[name], g8[name], atol=1e-6), name
+    assert_close_at_scale(g1, g8)
+    assert_close_at_scale(g4, g8)
     assert m1["pg_loss"] == pytest.approx(m4["pg_loss"], abs=1e-6)
 
 
@@ -53,9 +53,7 @@ def test_forward_backward_matches_the_full_batch_loss(random_model, tiny_tokeniz
     loss, _ = policy_loss(logp, batch["old_logp"], batch["advantages"], batch["response_mask"])
     loss.backward()
     assert metrics["pg_loss"] == pytest.approx(loss.item(), abs=1e-6)
-    for n, p in random_model.named_parameters():
-        if p.grad is not None:
-            assert torch.allclose(p.grad, g[n], atol=1e-6), n
+    assert_close_at_scale({n: p.grad for n, p in random_model.named_parameters() if p.grad is not None}, g)
     assert 0 <= metrics["pg_clipfrac"] <= 1 and metrics["ppo_kl"] != 0
 
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, assert_close_at_scale
 
 from minirl.sessions import sampling as session
 from minirl.sessions import AdamParams, Datum, ModelInput, SamplingParams, ServiceClient, SessionError
@@ -78,8 +78,7 @@ def test_custom_loss_gets_the_gradient_of_the_built_in_loss(svc, tiny_path):
     nll = lambda ds, lps: (-sum((lp * d.loss_fn_inputs["weights"].to_torch()).sum() for d, lp in zip(ds, lps)), {})  # noqa: E731
     custom = tc.forward_backward_custom(datums, nll).result()
     assert custom.loss == pytest.approx(ce.loss, rel=1e-5)
-    for n, p in tc.model.named_parameters():
-        assert torch.allclose(p.grad, expected[n], atol=1e-6), n
+    assert_close_at_scale({n: p.grad for n, p in tc.model.named_parameters()}, expected)
     tc.stop()
 
 
@@ -204,8 +203,7 @@ def test_spmd_gradients_on_two_processes_equal_one_process(svc, tiny_path, tmp_p
     shares = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert shares[0]["loss"] == pytest.approx(one.loss, abs=1e-6)  # losses summed over processes
     assert shares[0]["grad_norm"] == pytest.approx(norm, rel=1e-5)
-    for n, grad in expected.items():
-        assert torch.allclose(shares[0]["grads"][n] + shares[1]["grads"][n], grad, atol=1e-6), n
+    assert_close_at_scale({n: shares[0]["grads"][n] + shares[1]["grads"][n] for n in expected}, expected)
 
 
 # --- Tinker's semantics, and the defects they replace ---------------------------------------------------------

