@@ -14,22 +14,22 @@ $(VENV)/.installed: requirements.txt requirements-nodeps.txt pyproject.toml
 	$(VENV)/bin/pip install -q --no-deps -e .
 	touch $@
 
-# make demo and make smollm2 print the README's figures on any x86 CPU with AVX2: the runs' float sums, and so
-# their figures, change with the thread count and the kernels' vector width, so both are fixed (2 threads, AVX2;
-# minirl/toy/cache.py says more). `python train.py` itself uses every core and the CPU's widest kernels.
+# make demo and make smollm2 print the README's figures on any x86 CPU with AVX2: a run's float sums, and so its
+# figures, change with the thread count and the kernels' vector width, so both are fixed (the AVX2 kernels; one
+# thread for the tiny model, which gains little from a second, two for SmolLM2; minirl/toy/cache.py says more).
+# `python train.py` itself uses every core and the CPU's widest kernels.
 ifeq ($(shell uname -m),x86_64)
-FIXED_CPU := OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2,STRICT ONEDNN_MAX_CPU_ISA=AVX2
-else
-FIXED_CPU := OMP_NUM_THREADS=2 MKL_NUM_THREADS=2
+FIXED_ISA := ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2,STRICT ONEDNN_MAX_CPU_ISA=AVX2
 endif
+threads = OMP_NUM_THREADS=$(1) MKL_NUM_THREADS=$(1) $(FIXED_ISA)
 
 demo: setup
-	$(FIXED_CPU) $(PY) train.py
+	$(call threads,1) $(PY) train.py
 
 # SmolLM2-135M-Instruct learning two-number sums on CPU (sized for ~20 min on 2 cores); SEED=1 for another seed
 SEED ?= 0
 smollm2: setup
-	HF_HUB_OFFLINE=1 $(FIXED_CPU) $(PY) train.py --config recipes/smollm2_cpu.yaml --seed $(SEED) --output_dir runs/smollm2_cpu_seed$(SEED)
+	HF_HUB_OFFLINE=1 $(call threads,2) $(PY) train.py --config recipes/smollm2_cpu.yaml --seed $(SEED) --output_dir runs/smollm2_cpu_seed$(SEED)
 
 # The tests start from empty caches (every build runs, as on a fresh machine); KEEP_CACHES=1 reuses ~/.cache.
 test: setup

@@ -34,4 +34,5 @@ if [ "$what" = all ]; then
     echo "[fresh_check] make test: exit $rc, $(( $(date +%s) - start )) s"
 fi
 set -e
+echo "[fresh_check] written into the checkout: $(git status --porcelain --ignored | grep -v -e '\.venv/$' -e '__pycache__/$' -e '\.egg-info/$' | tr '\n' ' ')"
 echo "[fresh_check] written into HOME: $(cd "$tmp/home" && find . -mindepth 2 -maxdepth 2 | sort | tr '\n' ' ')"

@@ -201,7 +201,7 @@ def test_spmd_gradients_on_two_processes_equal_one_process(svc, tiny_path, tmp_p
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     shares = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    assert shares[0]["loss"] == pytest.approx(one.loss, abs=1e-6)  # losses summed over processes
+    assert shares[0]["loss"] == pytest.approx(one.loss, rel=1e-5, abs=1e-6)  # losses summed over processes
     assert shares[0]["grad_norm"] == pytest.approx(norm, rel=1e-5)
     assert_close_at_scale({n: shares[0]["grads"][n] + shares[1]["grads"][n] for n in expected}, expected)
 
