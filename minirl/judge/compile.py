@@ -12,8 +12,9 @@ do not use them. The copy sits first on the include path, so a source's own `#in
 where g++ with the whole header calls the name ambiguous.) A forced include can clash with a source (it declares
 `y1`, `index`, ...), and a source may use what was left out: a compile error under it is never final, the source is
 compiled again the plain way (system headers, no PCH). Results are cached by hash of (flags, source): binaries, and
-compile errors too, the compiler's CPU limit included (never a wall-clock timeout, which a loaded host may cause). The compiler reads no descriptor of its own:
-its stdin is /dev/null, its stdout and stderr files it cannot open, and it has no /proc. The cache is root's
+compile errors too, the CPU limit's included (never a wall-clock timeout, which a loaded host may cause). The
+compiler reads no descriptor of its own: its stdin is /dev/null, its stdout and stderr files it cannot open, and it
+has no /proc. The cache is root's
 alone (0700), capped at MINIRL_JUDGE_CACHE_MB (default 2048) by evicting the least recently used. The compiler runs
 in a one-shot sandbox, as programs do, but with its own limits (COMPILE_*): a correct program with a large constant
 table must not get CE from the programs' 64 MiB output limit.
