@@ -23,7 +23,7 @@
  *     RCU grace period).
  * -F: new processes allowed (else threads only); -C: no file creation (the host's folders, "uid" mode).
  * Always: rlimits, drop to UID (no groups, no new privileges; without root UID is the caller's own), a seccomp
- * filter (see `install_seccomp`), then exec. SIGTERM to the launcher ends the run: it kills init and exits once
+ * allow-list (see `install_seccomp`), then exec. SIGTERM to the launcher ends the run: it kills init and exits once
  * init is reaped, when nothing of the run is left.
  *
  * The program runs under a minimal init (PID 1 in the new namespace; a child subreaper without -i). When the
