@@ -177,7 +177,8 @@ class Judge:
         job = None
         try:
             if spec.get("processes") and self.strict and self.cgroups is None:
-                raise RuntimeError(PROCESSES_NEED_CGROUPS)
+                batch.results[k] = JudgeResult("RE", 0, len(spec["tests"]), message=PROCESSES_NEED_CGROUPS)
+                return
             prepared = prepare(**{"cxx_flags": self.cxx_flags, **spec, "sandbox": worker.sandbox})
             if isinstance(prepared, JudgeResult):
                 batch.results[k] = prepared
@@ -217,8 +218,8 @@ class Judge:
 
 # Without cgroups, limits are per process: 64 children may each hold the memory limit, and a child reaped by the
 # kernel (SIGCHLD ignored) takes its CPU time with it. Under "strict", such a job is a judge error, never a verdict.
-PROCESSES_NEED_CGROUPS = ("processes=True needs cgroups under judge_isolation: strict (without them each process "
-                          "has its own memory and CPU limits); refused")
+PROCESSES_NEED_CGROUPS = ("judge error: processes=True needs cgroups under judge_isolation: strict (without them "
+                          "each process has its own memory and CPU limits); refused")
 
 
 def require_isolation(judge: Judge, setting: str) -> Judge:
