@@ -14,6 +14,7 @@ from pathlib import Path
 from minirl.judge.compile import tail
 from minirl.judge.sandbox import Sandbox
 
+WALL_SLACK_S = 10.0                # a check's wall limit beyond twice its CPU limit: python3's start on a busy host
 CHECK = """import sys
 try:
     compile(open("main.py", "rb").read(), "main.py", "exec")
@@ -26,13 +27,15 @@ except Exception as e:  # SyntaxError, ValueError (NUL), RecursionError, MemoryE
 def python_syntax_check(path: Path, rundir: Path, sandbox: Sandbox, time_limit_s: float,
                         memory_mb: int) -> tuple[str, str] | None:
     """None if the source at `path` compiles; else ("CE", the error), or ("TLE", ...) if compiling alone takes
-    longer than the time limit (CPython compiles the whole file before it runs a line: every test would be TLE)."""
+    more CPU time than the time limit (CPython compiles the whole file before it runs a line: every test would be
+    TLE). A check stopped at its wall limit says nothing (a loaded host may have stopped it): None, and the tests
+    decide, as they would have without a check."""
     r = sandbox.run(["python3", "-I", "-c", CHECK], rundir, "syntax", time_limit_s=time_limit_s,
-                    memory_mb=memory_mb, files={"main.py": path})
+                    memory_mb=memory_mb, files={"main.py": path}, wall_s=2 * time_limit_s + WALL_SLACK_S)
     try:
-        if r["timed_out"] or r["cpu_s"] > time_limit_s:
+        if r["cpu_s"] > time_limit_s:
             return "TLE", "compiling the source alone took longer than the time limit"
-        if r["returncode"] == 0:
+        if r["returncode"] == 0 or r["timed_out"]:
             return None
         return "CE", tail(r["err"]) if r["returncode"] == 3 else f"the syntax check failed: {tail(r['err'])}"
     finally:
