@@ -12,9 +12,10 @@ class BackgroundServer:
     calls `serve_until_interrupted()`. `url_path` is appended to `url`."""
 
     url_path = ""
+    server_class = ThreadingHTTPServer   # a subclass may guard its connections (minirl/judge/server_guard.py)
 
-    def __init__(self, handler: type[BaseHTTPRequestHandler], host: str, port: int, name: str):
-        self.httpd = ThreadingHTTPServer((host, port), handler)
+    def __init__(self, handler: type[BaseHTTPRequestHandler], host: str, port: int, name: str, **server_options):
+        self.httpd = self.server_class((host, port), handler, **server_options)
         self.httpd.daemon_threads = True
         self.host, self.port = self.httpd.server_address[:2]
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name=name)

@@ -12,8 +12,9 @@ do not use them. The copy sits first on the include path, so a source's own `#in
 where g++ with the whole header calls the name ambiguous.) A forced include can clash with a source (it declares
 `y1`, `index`, ...), and a source may use what was left out: a compile error under it is never final, the source is
 compiled again the plain way (system headers, no PCH). Results are cached by hash of (flags, source): binaries, and
-compile errors too (never a timeout, which a loaded host may cause). The compiler reads no descriptor of its own:
-its stdin is /dev/null, its stdout and stderr files it cannot open, and it has no /proc. The cache is root's
+compile errors too, the CPU limit's included (never a wall-clock timeout, which a loaded host may cause). The
+compiler reads no descriptor of its own: its stdin is /dev/null, its stdout and stderr files it cannot open, and it
+has no /proc. The cache is root's
 alone (0700), capped at MINIRL_JUDGE_CACHE_MB (default 2048) by evicting the least recently used. The compiler runs
 in a one-shot sandbox, as programs do, but with its own limits (COMPILE_*): a correct program with a large constant
 table must not get CE from the programs' 64 MiB output limit.
@@ -36,7 +37,7 @@ MESSAGE_LIMIT = 2000               # characters of compiler/stderr text kept in 
 COMPILE_CPU_S = 30
 COMPILE_WALL_S = COMPILE_CPU_S + 5  # a compiler blocked on something (not CPU) is stopped soon after
 COMPILE_MEMORY_MB = 4096
-COMPILE_FILE_BYTES = 256 << 20     # the binary, the assembler's temporary files
+COMPILE_FILE_BYTES = 128 << 20     # the binary, the assembler's temporary files (a 96 MiB table fits)
 SANDBOX_ERROR = 111                # sandbox.c could not set itself up: not the source's fault, not cached
 PCH_LEFT_OUT = ("<future>", "<filesystem>")  # half of every compile's template instantiation, unused in contests
 _cache_lock = threading.Lock()
@@ -166,10 +167,12 @@ def compile_cpp(source: str, flags: tuple[str, ...], sandbox: Sandbox,
         sandbox.give(work)
         t0 = time.perf_counter()
         rc, message = _run_compiler(work, flags, pch, sandbox)
-        if rc not in (0, "timeout") and pch:   # a clash with the forced include is not the source's error
+        if rc not in (0, "timeout", "cpu") and pch:   # a clash with the forced include is not the source's error
             rc, message = _run_compiler(work, flags, None, sandbox)
         seconds = time.perf_counter() - t0
-        if rc in (SANDBOX_ERROR, "timeout"):   # not the source's fault, or maybe a loaded host's: not cached
+        # a wall-clock stop may be a loaded host's doing: not cached. The CPU limit is the source's own doing
+        # (31 s of compiler CPU on every resubmission of a compile bomb otherwise): cached, as any CE
+        if rc in (SANDBOX_ERROR, "timeout"):
             return None, message, seconds
         if rc == 0 and keep is not None:       # a copy: the build is the compiling uid's, the copy root's
             shutil.copy(work / "main", keep)
@@ -208,7 +211,9 @@ def _run_compiler(work: Path, flags: tuple[str, ...], pch: Path | None, sandbox:
                     output_limit=COMPILE_FILE_BYTES, scratch_mb=1024, forks=True, compiler=True,
                     wall_s=COMPILE_WALL_S)
     try:
-        if r["timed_out"] or r["cpu_s"] > COMPILE_CPU_S:
+        if r["cpu_s"] > COMPILE_CPU_S:
+            return "cpu", f"compilation took more than {COMPILE_CPU_S} s of CPU"
+        if r["timed_out"]:
             return "timeout", "compilation timed out"
         if r["returncode"] == 0 and (work / "main").exists():
             return 0, ""

@@ -56,26 +56,34 @@ def _cache_path(setting: str | None, euid: int) -> Path:
 
 
 STAGE = Path("/run/minirl-judge-stage")
+# one program file per worker at a time (a binary is at most the compiler's 128 MiB file limit): a size, so that
+# no number of judges fills the host's memory with them
+STAGE_OPTIONS = "mode=700,nosuid,nodev,size=2g,nr_inodes=65536"
+_stage_checked = False             # this process mounted it, or gave a size to one an older judge mounted without
 
 
 def stage_dir() -> Path:
     """Where worker sandboxes take their programs' files from (sandbox.py: `WorkerSandbox`): a tmpfs of the
     judge's own (mounted once per host, root's alone), so that the bind a program sees names a path of that
     tmpfs ("/u62000/main"), not one of the host; host-wide, whatever MINIRL_JUDGE_CACHE says."""
+    global _stage_checked
     with _stage_lock:
-        if not os.path.ismount(STAGE):
+        if not _stage_checked or not os.path.ismount(STAGE):
             STAGE.mkdir(mode=0o700, parents=True, exist_ok=True)
             with open(STAGE.with_name(STAGE.name + ".lock"), "w") as lock:   # judges of other processes
                 fcntl.flock(lock, fcntl.LOCK_EX)
-                if not os.path.ismount(STAGE):
-                    try:
-                        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=700,nosuid,nodev", "tmpfs",
-                                            str(STAGE)], capture_output=True, text=True)
-                        error = r.stderr.strip() if r.returncode else ""
-                    except OSError as e:    # no mount(8)
-                        error = str(e)
-                    if error:               # still private (0700), but a program's mountinfo names the path
-                        log.warning("cannot mount the judge's staging tmpfs (%s): programs see its host path", error)
+                mounted = os.path.ismount(STAGE)
+                how = ["-o", f"remount,{STAGE_OPTIONS}"] if mounted else ["-t", "tmpfs", "-o", STAGE_OPTIONS, "tmpfs"]
+                try:
+                    r = subprocess.run(["mount", *how, str(STAGE)], capture_output=True, text=True)
+                    error = r.stderr.strip() if r.returncode else ""
+                except OSError as e:        # no mount(8)
+                    error = str(e)
+                _stage_checked = True
+                if error and not mounted:   # still private (0700), but a program's mountinfo names the path
+                    log.warning("cannot mount the judge's staging tmpfs (%s): programs see its host path", error)
+                elif error:
+                    log.warning("cannot give the judge's staging tmpfs a size (%s)", error)
         return STAGE
 
 

@@ -115,6 +115,7 @@ class Judge:
         if self.isolation in WEAK:
             log.warning("the judge runs in %r mode: %s", self.isolation, WEAK[self.isolation])
         self.cgroups = Cgroups.detect() if cgroups and self.isolation != "rlimits" else None
+        self.strict = False  # require_isolation(self, "strict"): refuse what the sandbox cannot hold here
         self._boxes: dict[int, WorkerSandbox] = {}  # uid -> its sandbox, kept open across run_many calls
         self._calls = 0                        # run_many calls in flight: close() waits for them
         self._calls_done = threading.Condition()
@@ -175,6 +176,9 @@ class Judge:
         spec = batch.jobs[k]
         job = None
         try:
+            if spec.get("processes") and self.strict and self.cgroups is None:
+                batch.results[k] = JudgeResult("RE", 0, len(spec["tests"]), message=PROCESSES_NEED_CGROUPS)
+                return
             prepared = prepare(**{"cxx_flags": self.cxx_flags, **spec, "sandbox": worker.sandbox})
             if isinstance(prepared, JudgeResult):
                 batch.results[k] = prepared
@@ -212,12 +216,20 @@ class Judge:
         self.close()
 
 
+# Without cgroups, limits are per process: 64 children may each hold the memory limit, and a child reaped by the
+# kernel (SIGCHLD ignored) takes its CPU time with it. Under "strict", such a job is a judge error, never a verdict.
+PROCESSES_NEED_CGROUPS = ("judge error: processes=True needs cgroups under judge_isolation: strict (without them "
+                          "each process has its own memory and CPU limits); refused")
+
+
 def require_isolation(judge: Judge, setting: str) -> Judge:
     """The judge, if its isolation is what `setting` ("strict" or "weak", the config's judge_isolation) accepts
-    for model output; else it is closed and a RuntimeError says what the weak mode loses."""
+    for model output; else it is closed and a RuntimeError says what the weak mode loses. Under "strict", a job
+    with processes=True on a judge without cgroups is refused (a judge error: RE with no test run)."""
     if setting not in ("strict", "weak"):
         judge.close()
         raise ValueError(f"judge_isolation must be 'strict' or 'weak', got {setting!r}")
+    judge.strict = setting == "strict"
     if judge.isolation in WEAK:
         line = f"the judge runs in {judge.isolation!r} mode: {WEAK[judge.isolation]}"
         if setting == "strict":

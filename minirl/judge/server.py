@@ -1,7 +1,7 @@
 """minirl's judge behind SandboxFusion's HTTP API: POST /run_code, POST /submit (CommonOJ), GET /v1/ping.
 
     python -m minirl.judge.server [--host 127.0.0.1] [--port 8080] [--workers N] [--memory-limit-mb 1024]
-                                  [--judge-isolation strict|weak]
+                                  [--judge-isolation strict|weak] [--max-connections 128]    # SIGTERM: as Ctrl-C
 
     from sandbox_fusion import RunCodeRequest, run_code, set_endpoint      # the official client (PyPI)
     set_endpoint("http://127.0.0.1:8080")
@@ -21,9 +21,8 @@ the way a SandboxFusion runner reports the same run (sandbox/runners/base.py, `p
     TLE         status Failed, run_result TimeLimitExceeded, return_code null
     RE, MLE, OLE  status Failed, run_result Finished with the program's non-zero return code
     judge fault status SandboxError, message (the official client retries it; veRL scores it -1)
-`memory_limit_MB` is optional: the official client's request model drops it, veRL's raw JSON
-(verl/utils/reward_score/sandbox_fusion/utils.py, `call_sandbox_api`) sends it; missing or -1 means the
-server's --memory-limit-mb; over --max-memory-mb (4096) a request is refused. `compile_timeout` is ignored: the judge's compiler has limits of its own.
+`memory_limit_MB` is optional (the official client drops it, veRL's `call_sandbox_api` sends it): missing or -1
+is --memory-limit-mb, over --max-memory-mb (4096) refused. `compile_timeout` is ignored (the compiler has limits).
 
 POST /submit judges a whole program on all its tests in one `Judge.run_many` job (the pool shares the tests
 of one program between idle workers): `config.provided_data.test` holds the tests, `config.run_timeout` the
@@ -33,18 +32,21 @@ minirl/judge/remote.py reads).
 
 Left out, with a 400 that says so: languages other than cpp and python, `files`, `fetch_files`, /run_jupyter,
 the dataset endpoints. Nothing here authenticates: the server binds 127.0.0.1 unless told otherwise; put it
-on a private network only. Why the standard library and not FastAPI: three JSON endpoints; the work is in
-the judge's sandboxed processes, so an async server would buy nothing and add dependencies.
+on a private network only. What holds under abuse (connections, deadlines, bodies): server_guard.py. Why the
+standard library, not FastAPI: three JSON endpoints, the work in sandboxed processes; async would buy nothing.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import re
+import resource
+import signal
 from http.server import BaseHTTPRequestHandler
 
 from minirl.http_server import BackgroundServer
 from minirl.judge import Judge, JudgeResult
+from minirl.judge.server_guard import GuardedHTTPServer, RequestError, content_length, parse_body
 
 MAX_BODY_BYTES = 256 << 20         # a program and its tests (CodeContests problems carry MBs of tests)
 LANGUAGES = ("cpp", "python")      # SandboxFusion's names for the two languages minirl judges
@@ -52,10 +54,6 @@ _LANG = re.compile(r"[\w+#-]*")      # a fence's language: the start of its info
 SERVER_NAME = "minirl-judge"       # the Server header: how minirl/judge/remote.py tells this server from SandboxFusion
 DEFAULT_RUN_TIMEOUT_S = 10.0       # RunCodeRequest's default run_timeout
 MAX_MEMORY_MB = 4096               # the most a request may ask for: workers x this must fit the host
-
-
-class RequestError(ValueError):
-    """A request this server cannot serve: answered 400 with FastAPI's {"detail": ...} body."""
 
 
 def _field(body: dict, name: str, kinds: type | tuple, default=None):
@@ -224,13 +222,17 @@ def submit_response(res: JudgeResult, job: dict, code: str, sample_id) -> dict:
 # --- the server ------------------------------------------------------------------------------------------
 
 class JudgeServer(BackgroundServer):
-    """SandboxFusion's API from one `Judge` (one thread per request; the judge's pool runs concurrent
-    requests' programs side by side)."""
+    """SandboxFusion's API from one `Judge` (one thread per connection, at most `max_connections`, each given
+    `request_deadline_s` to send its request: server_guard.py; the judge's pool runs concurrent requests'
+    programs side by side)."""
+
+    server_class = GuardedHTTPServer
 
     def __init__(self, judge: Judge, host: str = "127.0.0.1", port: int = 8080, memory_limit_mb: int = 1024,
-                 max_memory_mb: int = MAX_MEMORY_MB):
+                 max_memory_mb: int = MAX_MEMORY_MB, max_connections: int = 128, request_deadline_s: float = 60.0):
         self.judge, self.memory_limit_mb, self.max_memory_mb = judge, memory_limit_mb, max_memory_mb
-        super().__init__(_handler(self), host, port, "minirl-judge-server")
+        super().__init__(_handler(self), host, port, "minirl-judge-server", max_connections=max_connections,
+                         request_deadline_s=request_deadline_s)
 
     def handle(self, path: str, body: dict) -> dict:
         """The reply to POST `path`; RequestError for a request to refuse."""
@@ -250,7 +252,11 @@ class JudgeServer(BackgroundServer):
 def _handler(server: JudgeServer):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: a client judging many tests reuses its connection
-        timeout = 60  # seconds a connection may stall (a body never sent) before its thread is freed
+        timeout = property(lambda self: server.httpd.request_deadline_s)  # a recv's own bound, as a backstop
+
+        def handle_one_request(self):
+            server.httpd.reading(self.connection)  # its deadline runs until the request is read
+            super().handle_one_request()
 
         def version_string(self) -> str:
             return SERVER_NAME
@@ -267,26 +273,34 @@ def _handler(server: JudgeServer):
             self.wfile.write(data)
 
         def do_GET(self):
+            server.httpd.working(self.connection)
             if self.path.rstrip("/") == "/v1/ping":
                 return self.send_json(200, "pong")
             self.send_json(404, {"detail": f"no route GET {self.path}; try /v1/ping, POST /run_code or /submit"})
 
         def do_POST(self):
             path = self.path.rstrip("/")
-            length = self.headers.get("Content-Length") or "0"
-            if not length.isdigit() or int(length) > MAX_BODY_BYTES:
+            try:
+                if "Transfer-Encoding" in self.headers:  # its body would be read as the next request
+                    raise RequestError("send the body with a Content-Length, not a Transfer-Encoding")
+                length = content_length(self.headers.get("Content-Length"), MAX_BODY_BYTES)
+            except RequestError as e:
+                self.close_connection = True             # the body (if any) is not read: nothing after it parses
+                return self.send_json(413, {"detail": str(e)})
+            raw = self.rfile.read(length)
+            if len(raw) < length:                        # the deadline (or the client) cut it short
                 self.close_connection = True
-                return self.send_json(413, {"detail": f"Content-Length must be a byte count <= {MAX_BODY_BYTES}"})
-            raw = self.rfile.read(int(length))
+                return
+            server.httpd.working(self.connection)
             if path not in ("/run_code", "/submit"):
                 return self.send_json(404, {"detail": f"no route POST {self.path}; try /run_code or /submit"})
             try:  # ValueError: also integers past Python's 4300 digits; RecursionError: arrays nested too deep
-                body = json.loads(raw or b"null")
+                body = parse_body(raw)
+            except RequestError as e:
+                return self.send_json(400, {"detail": str(e)})
             except (ValueError, RecursionError) as e:
                 return self.send_json(400, {"detail": f"the body is not valid JSON ({str(e)[:200]})"})
             try:
-                if not isinstance(body, dict):
-                    raise RequestError("the body must be a JSON object")
                 reply = server.handle(path, body)
             except RequestError as e:
                 return self.send_json(400, {"detail": str(e)})
@@ -298,9 +312,10 @@ def _handler(server: JudgeServer):
 
 
 def serve(judge: Judge, host: str = "127.0.0.1", port: int = 8080, memory_limit_mb: int = 1024,
-          max_memory_mb: int = MAX_MEMORY_MB) -> JudgeServer:
-    """Start serving in a background thread (port 0: any free port; see .url). Call .close() to stop."""
-    return JudgeServer(judge, host, port, memory_limit_mb, max_memory_mb).start()
+          max_memory_mb: int = MAX_MEMORY_MB, **guard) -> JudgeServer:
+    """Start serving in a background thread (port 0: any free port; see .url). Call .close() to stop. `guard`:
+    max_connections, request_deadline_s."""
+    return JudgeServer(judge, host, port, memory_limit_mb, max_memory_mb, **guard).start()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -313,10 +328,18 @@ def main(argv: list[str] | None = None) -> None:
                     help="the most a request may ask for (each worker may hold it at once)")
     ap.add_argument("--judge-isolation", choices=["strict", "weak"], default="strict",
                     help="weak: also serve where the sandbox has no namespaces (train.py's judge_isolation)")
+    ap.add_argument("--max-connections", type=int, default=128,
+                    help="open connections at most (at the cap, the one idle longest is closed)")
     args = ap.parse_args(argv)
     from minirl.judge.pool import require_isolation
+    # SIGTERM (systemd, docker stop, kill) ends the server as Ctrl-C does: Judge.close then removes its
+    # sandboxes, cgroups and staging folder, which the default action (death) left behind
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # room for every connection and the sandboxes' pipes
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     with require_isolation(Judge(workers=args.workers or None), args.judge_isolation) as judge:
-        server = JudgeServer(judge, args.host, args.port, args.memory_limit_mb, args.max_memory_mb)
+        server = JudgeServer(judge, args.host, args.port, args.memory_limit_mb, args.max_memory_mb,
+                             args.max_connections)
         print(f"minirl judge ({judge.workers} workers) serving SandboxFusion's API on {server.url}", flush=True)
         server.serve_until_interrupted()
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from minirl.judge.cgroup import Cgroups
 from minirl.judge.compare import output_file_matches, outputs_match  # noqa: F401 (re-exported)
 from minirl.judge.compile import MESSAGE_LIMIT, compile_cpp, tail
+from minirl.judge.python_check import python_syntax_check
 from minirl.judge.sandbox import Sandbox, isolation_mode
 from minirl.judge.worker_sandbox import WorkerSandbox
 from minirl.judge.stdio import OUTPUT_LIMIT_BYTES
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 VERDICTS = ("AC", "WA", "TLE", "MLE", "RE", "CE", "OLE")
 CXX_FLAGS = ("-std=c++17", "-O2")
 KEPT_OUTPUT_BYTES = 16 << 20       # a keep_output test's output limit (server.py returns its stdout whole)
-PYTHON_SOURCE_LIMIT = 1 << 20      # compile() of a larger source in the judge's own process is not worth the risk
+PYTHON_SOURCE_LIMIT = 1 << 20      # a larger source is CE without a syntax check
 LANGUAGES = {"cpp": "cpp", "c++": "cpp", "python": "python", "python3": "python"}
 
 
@@ -205,13 +206,20 @@ def prepare(source: str, language: str, tests: list[dict], time_limit_s: float =
             if binary is None:
                 remove_tree(root)
                 return JudgeResult("CE", 0, len(tests), message=message[:MESSAGE_LIMIT], compile_s=compile_s)
+            if binary.stat().st_size > memory_limit_mb << 20:  # could never be loaded: not worth staging
+                remove_tree(root)
+                return JudgeResult("MLE", 0, len(tests), message="the binary is larger than the memory limit",
+                                   compile_s=compile_s)
             argv, files = ["./main"], {"main": binary}
         else:
-            message = _python_syntax_error(source)
-            if message:
+            if len(source) > PYTHON_SOURCE_LIMIT:
                 remove_tree(root)
-                return JudgeResult("CE", 0, len(tests), message=message[:MESSAGE_LIMIT])
+                return JudgeResult("CE", 0, len(tests), message=f"source over {PYTHON_SOURCE_LIMIT} characters")
             (own / "main.py").write_text(source)
+            failed = python_syntax_check(own / "main.py", root, sandbox, time_limit_s, memory_limit_mb)
+            if failed:
+                remove_tree(root)
+                return JudgeResult(failed[0], 0, len(tests), message=failed[1][:MESSAGE_LIMIT])
             # -I (no user site, no environment), not -S: site defines exit() and quit(), which solutions call
             argv, files = ["python3", "-I", "main.py"], {"main.py": own / "main.py"}
         if checker and checker.get("language", "python").startswith("python"):
@@ -308,18 +316,6 @@ def finish(job: Job) -> JudgeResult:
         return JudgeResult(verdict, passed, len(job.tests), results, message, job.compile_s)
     finally:
         remove_tree(job.root)
-
-
-def _python_syntax_error(source: str) -> str:
-    """CE message, or "" if `source` compiles. Pathological sources make compile() raise RecursionError or
-    MemoryError: the program could not run either, so those are compile errors too."""
-    if len(source) > PYTHON_SOURCE_LIMIT:
-        return f"source longer than {PYTHON_SOURCE_LIMIT} characters"
-    try:
-        compile(source, "main.py", "exec")
-    except Exception as e:  # noqa: BLE001 -- SyntaxError, ValueError (NUL), RecursionError, MemoryError, ...
-        return f"{type(e).__name__}: {e}"
-    return ""
 
 
 def _check(checker: dict, test: dict, out: Path, root: Path, i: int, sandbox: Sandbox) -> bool:

@@ -198,8 +198,10 @@ def test_no_state_survives_between_tests_of_one_program(judge):
         print(n)
     else:
         found = [open(os.path.join(d, 'answer')).read() for d in ('.', '/tmp') if os.path.exists(os.path.join(d, 'answer'))]
-        others = [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid())]
-        init_cpu = sum(map(int, open('/proc/1/stat').read().rsplit(')', 1)[1].split()[11:15]))  # utime..cstime
+        proc = os.path.exists('/proc/1')               # programs have no /proc since round 4: nothing to see there
+        others = [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid())] if proc else []
+        stat = open('/proc/1/stat').read() if proc else ') ' + '0 ' * 20
+        init_cpu = sum(map(int, stat.rsplit(')', 1)[1].split()[11:15]))  # utime..cstime
         leaks = found or others or os.getpid() > 10 or init_cpu > 0
         print(found, others, os.getpid(), init_cpu, file=sys.stderr)
         print(n if leaks else 'none')
@@ -218,11 +220,10 @@ def test_a_program_cannot_reach_the_sandbox_that_runs_it(judge):
     src = """
     import os, signal, sys
     a, b = map(int, input().split())
-    fds = [f for f in os.listdir('/proc/self/fd') if int(f) > 2 and os.path.exists(f'/proc/self/fd/{f}')]
     got = []
-    for f in fds:
+    for fd in range(3, 64):                          # its descriptors past stdio (no /proc to list them since round 4)
         try:
-            got.append(os.readlink(f'/proc/self/fd/{f}'))
+            got.append((fd, os.fstat(fd).st_mode))
         except OSError:
             pass
     try:
@@ -234,7 +235,7 @@ def test_a_program_cannot_reach_the_sandbox_that_runs_it(judge):
         got.append('signalled init')
     except OSError:
         pass
-    if int(open('/proc/self/oom_score_adj').read()) < 0:   # an OOM killer that cannot take it: no MLE
+    if os.path.exists('/proc/self') and int(open('/proc/self/oom_score_adj').read()) < 0:   # no MLE then
         got.append('oom_score_adj')
     print(got, file=sys.stderr)
     print(a + b if got else 'none')

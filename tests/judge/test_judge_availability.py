@@ -222,8 +222,11 @@ def test_a_killed_judge_leaves_no_program_running():
             "j.run('import time\\ntime.sleep(60)\\n', 'python', [{'input': '', 'output': ''}], time_limit_s=30)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     uid = int(proc.stdout.readline())
+    leftovers = lambda: [p.name for p in cache_dir().glob(f"sandbox-{uid}-*")]  # noqa: E731
     deadline = time.time() + 20
-    while time.time() < deadline and not _processes_of(uid):
+    # the worker's sandbox (its files in the cache), then a process of the uid: the program (the Python syntax
+    # check, a process of the uid too, ended before the worker's sandbox started)
+    while time.time() < deadline and not (leftovers() and _processes_of(uid)):
         time.sleep(0.05)
     assert _processes_of(uid), "the program never started"
     proc.kill()
@@ -232,7 +235,6 @@ def test_a_killed_judge_leaves_no_program_running():
     while time.time() < deadline and _processes_of(uid):
         time.sleep(0.05)
     assert _processes_of(uid) == []
-    leftovers = lambda: [p.name for p in cache_dir().glob(f"sandbox-{uid}-*")]  # noqa: E731
     assert leftovers()  # what the dead judge left: its staging folder
     from minirl.judge.worker_sandbox import WorkerSandbox
     WorkerSandbox(uid, None).close()

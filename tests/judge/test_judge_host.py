@@ -36,7 +36,12 @@ def test_a_program_cannot_rewrite_the_input_its_checker_reads(judge):
     /proc/self/fd/0 (or its stdin's path) and answers 2."""
     src = """
     import os
-    for path in ('/proc/self/fd/0', os.readlink('/proc/self/fd/0')):
+    paths = ['/proc/self/fd/0', '/dev/stdin']
+    try:
+        paths.append(os.readlink('/proc/self/fd/0'))
+    except OSError:                                   # no /proc (programs have none since round 4)
+        pass
+    for path in paths:
         try:
             with open(path, 'w') as f:
                 f.write('4\\n')
@@ -227,7 +232,7 @@ def test_the_program_sees_no_host_path_pid_or_cgroup(judge):
             text += open('/proc/' + name, errors='replace').read()
         except OSError:
             pass
-    for fd in os.listdir('/proc/self/fd'):
+    for fd in os.listdir('/proc/self/fd') if os.path.isdir('/proc/self/fd') else []:   # no /proc: nothing to see
         try:
             text += os.readlink('/proc/self/fd/' + fd) + '\\n'
         except OSError:
@@ -235,8 +240,9 @@ def test_the_program_sees_no_host_path_pid_or_cgroup(judge):
     for needle in ({cache!r}, 'minirl', 'sandbox-', 'run-', '/var/lib', '/work/wt'):
         if needle in text:
             seen.append(needle)
-    if re.search(r'(?<![0-9]){os.getpid()}(?![0-9])', open('/proc/self/cgroup').read() + ''.join(
-            line.split()[3] + line.split()[4] for line in open('/proc/self/mountinfo'))):
+    if os.path.exists('/proc/self/cgroup') and re.search(r'(?<![0-9]){os.getpid()}(?![0-9])', open(
+            '/proc/self/cgroup').read() + ''.join(line.split()[3] + line.split()[4]
+                                                  for line in open('/proc/self/mountinfo'))):
         seen.append('pid')
     print(seen, file=sys.stderr)
     print(3 if seen else 'none')
