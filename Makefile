@@ -23,8 +23,9 @@ FIXED_ISA := ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2,STRICT ONEDNN_MAX_CPU_ISA=AV
 endif
 threads = OMP_NUM_THREADS=$(1) MKL_NUM_THREADS=$(1) $(FIXED_ISA)
 
+# ARGS: more train.py options, e.g. make demo ARGS="--seed 1 --output_dir runs/toy_seed1"
 demo: setup
-	$(call threads,1) $(PY) train.py
+	$(call threads,1) $(PY) train.py $(ARGS)
 
 # SmolLM2-135M-Instruct learning two-number sums on CPU (sized for ~20 min on 2 cores); SEED=1 for another seed
 SEED ?= 0
