@@ -39,10 +39,9 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_siz
            warpers: list, noise: bool, eos_ids: list[int], pad_id: int, stop=None, budgets=None,
            generator=None) -> torch.Tensor | None:
     """G continuations of each of the B prompts (B, P). `warpers` process the fp32 scores (N, V); `noise` adds
-    Gumbel noise (a sample; else greedy) from `generator` (else torch's global one); `stop(ids, scores) -> (n,)
-    bool` ends rows (generate's StopStringCriteria), as does `budgets` (N,), each row's new tokens. Returns the
-    (N, R') response ids, pad after a row's end, or None when the model's cache cannot be copied between rows
-    (the caller then uses generate)."""
+    Gumbel noise from `generator` (else torch's global one; no noise: greedy). A row ends at an EOS, where
+    `stop(ids, scores) -> (n,) bool` says (generate's StopStringCriteria) or at its budget (N,). Returns the
+    (N, R') response ids, pad after a row's end, or None when the cache cannot be copied between rows."""
     with _DECODING, _packed_linears(model, prompt_ids.shape[0] * group_size):
         return _decode(model, prompt_ids, prompt_mask, group_size, max_new_tokens, warpers, noise, eos_ids, pad_id,
                        stop, budgets, generator)
@@ -64,14 +63,13 @@ def _decode(model, prompt_ids, prompt_mask, group_size, max_new_tokens, warpers,
     extra = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
     prefill = model(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1],
                     position_ids=positions[:, :-1], use_cache=True, **extra)
-    cache = prefill.past_key_values
-    del prefill
+    cache, prefill = prefill.past_key_values, None
     if not _plain_attention_cache(cache):
         return None
     # the two-part attention needs every layer's cache in its hands (a sliding-window layer keeps transformers'
     # mask), and fp32 (the two parts are rounded apart: in bf16 that changes samples)
     configs = _configs(model)
-    shared = _shares_prefix(configs) and all(type(layer) is DynamicLayer and layer.keys.dtype == torch.float32
+    shared = _shares_prefix(model, configs) and all(type(layer) is DynamicLayer and layer.keys.dtype == torch.float32
                                              for layer in cache.layers)
     for i, layer in enumerate(cache.layers):
         if shared and type(layer) is DynamicLayer:     # the prompt's K, V kept once, the rows' own after it
@@ -201,10 +199,12 @@ def _configs(model) -> list:
     return list({id(m.config): m.config for m in model.modules() if hasattr(m, "config")}.values())
 
 
-def _shares_prefix(configs: list) -> bool:
-    """Whether the decode loop can attend in two parts: the model runs sdpa attention (what the two-part
-    function stands in for) and plain keys (no logit softcapping, which transformers' sdpa refuses anyway)."""
-    return bool(configs) and all(getattr(c, "_attn_implementation", None) == "sdpa" for c in configs)
+def _shares_prefix(model, configs: list) -> bool:
+    """Whether the decode loop can attend in two parts: sdpa through transformers' attention interface, which the
+    two-part function stands in for (Falcon's alibi path tests the name itself), and plain keys (no softcap)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(inner, "_supports_attention_backend", False) and bool(configs) and \
+        all(getattr(c, "_attn_implementation", None) == "sdpa" for c in configs)
 
 
 @contextlib.contextmanager

@@ -82,3 +82,19 @@ def test_seeded_sampling_draws_only_from_its_own_generator(random_model, tiny_to
     noisy.remove()
     assert own.response_ids.tolist() == before.response_ids.tolist()
     assert own.response_mask.sum() > 8                    # not a few EOS at once: a real sample was compared
+
+
+def test_falcon_with_alibi_samples_in_the_decode_loop_as_generate_does(tiny_tokenizer, monkeypatch):
+    """Falcon's alibi attention picks its kernel by the attention implementation's name, so the loop's two-part
+    attention (a registered function) is not for it: it crashed on a shape; now it decodes as generate does."""
+    import transformers as T
+    config = T.FalconConfig(vocab_size=len(tiny_tokenizer), hidden_size=32, num_hidden_layers=2, alibi=True,
+                            num_attention_heads=4, new_decoder_architecture=False, multi_query=True, pad_token_id=0,
+                            eos_token_id=2)
+    torch.manual_seed(0)
+    model = T.FalconForCausalLM(config).eval()
+    prompts = [[272, 270, 31], [272, 33]]
+    looped = sample(model, tiny_tokenizer, prompts, 3, 5, generator=torch.Generator().manual_seed(0))
+    monkeypatch.setattr(rollout, "shares_prompts", lambda model, prompt_tokens: False)
+    generated = sample(model, tiny_tokenizer, prompts, 3, 5, generator=torch.Generator().manual_seed(0))
+    assert looped.response_ids.tolist() == generated.response_ids.tolist() and looped.response_mask.sum() > 6
