@@ -197,17 +197,20 @@ def build_policy(path: str, device: torch.device, dtype: torch.dtype, attn_imple
 
 @torch.no_grad()
 def init_adapter(model, seed: int) -> None:
-    """peft's LoRA init (A Kaiming-uniform as nn.Linear's, B zero), with A drawn from torch.Generator(seed):
-    peft draws from torch's global generator, which other threads (unseeded samplers) draw from too."""
+    """peft's LoRA init, drawn from torch.Generator(seed) instead of torch's global generator (which other
+    threads, unseeded samplers, draw from too). The draws replay peft's after torch.manual_seed(seed), so the
+    adapter is the one a seed always gave: per layer, in creation order, nn.Linear's Kaiming-uniform init of A
+    and of B when they are built, then A's own; B is zero."""
     from peft.tuners.lora import LoraLayer
     generator = torch.Generator().manual_seed(seed)
+    kaiming = lambda w: torch.nn.init.kaiming_uniform_(torch.empty(w.shape), a=math.sqrt(5), generator=generator)  # noqa: E731
     for module in model.modules():
         if isinstance(module, LoraLayer):
-            for name in sorted(module.lora_A):
-                a = module.lora_A[name].weight
-                drawn = torch.nn.init.kaiming_uniform_(torch.empty(a.shape), a=math.sqrt(5), generator=generator)
-                a.copy_(drawn)
-                torch.nn.init.zeros_(module.lora_B[name].weight)
+            for name in module.lora_A:
+                a, b = module.lora_A[name].weight, module.lora_B[name].weight
+                kaiming(a), kaiming(b)
+                a.copy_(kaiming(a))
+                b.zero_()
 
 
 def load_reference(path: str, dtype: torch.dtype, attn_implementation: str, device: torch.device):
