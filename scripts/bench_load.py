@@ -111,7 +111,9 @@ def main() -> None:
     ap.add_argument("--clients", default="1,4,16,64")
     ap.add_argument("--requests", type=int, default=4, help="per client, one after another")
     ap.add_argument("--max_tokens", type=int, default=16)
+    ap.add_argument("--servers", default="serve,sessions", help="which: serve (OpenAI), sessions (Tinker)")
     args = ap.parse_args()
+    os.environ.setdefault("TINKER_API_KEY", "tml-bench")     # the SDK insists on one; the server checks none
     servers = {
         "OpenAI endpoint (openai client)": ([sys.executable, "-m", "minirl.sessions.serve", "--model", args.model,
                                              "--port", "0"], openai_call),
@@ -121,6 +123,8 @@ def main() -> None:
     print("| server | clients | requests | requests/s | p50 s | p99 s | errors | peak threads | peak RSS MB |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, (cmd, make_call) in servers.items():
+        if cmd[2].rsplit(".", 1)[1].replace("server", "sessions") not in args.servers.split(","):
+            continue
         proc, url = start(cmd)
         try:
             call = make_call(url, args.max_tokens)     # the endpoint's URL ends in /v1, the Tinker server's not
