@@ -185,8 +185,9 @@ def save_merged(model, base_path: str, folder: str | Path, dtype: torch.dtype) -
     the base read from its own files: merged into the bf16 base used for compute, most of it would round away."""
     from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 
-    from minirl.models import load_model
-    peft_model = get_peft_model(load_model(base_path, torch.float32), model.peft_config["default"])
+    from minirl.models import BUILDING, load_model
+    with BUILDING:  # peft builds modules: not while another thread's from_pretrained patches torch (models.py)
+        peft_model = get_peft_model(load_model(base_path, torch.float32), model.peft_config["default"])
     set_peft_model_state_dict(peft_model, get_peft_model_state_dict(model))
     save_model(peft_model.merge_and_unload(), folder, dtype)
 

@@ -5,12 +5,10 @@ Hugging Face `generate` gives over the N = B*G repeated rows with the same seed,
 - Prefill once. The B distinct prompts run through the model once, all but their last token; the KV cache is
   then copied to the G rows of each group (as logprobs.states_before_responses does for the trainer's pass),
   and the first decoding step feeds every row its prompt's last token.
-- Finished rows leave. A row that has produced an EOS (or completed a stop string) is dropped from the batch
-  and from the cache, instead of decoding padding until the longest row ends.
-- No copy of the cache per step. Each layer's keys and values sit in one buffer sized for the whole rollout
-  (`_Preallocated`); DynamicLayer's torch.cat copied the whole cache at every step.
-- Packed weights on CPU. In fp32 each nn.Linear runs oneDNN's matmul on a weight packed once per call
-  (`_packed_linears`): 2-3x F.linear's speed at decode shapes.
+- Finished rows leave: a row that has produced an EOS, completed a stop string or spent its budget leaves the
+  batch and the cache, instead of decoding padding until the longest row ends.
+- No copy of the cache per step: each layer's keys and values sit in one buffer sized for the whole rollout.
+- Packed weights on CPU: in fp32 each nn.Linear runs oneDNN's matmul on a weight packed once, 2-3x F.linear.
 - The prompt read once per group (sdpa models, fp32): `_SharedPrefix` keeps each prompt's keys and values
   once, and attention runs in two parts merged by their log-sum-exp (see the section below).
 - The same samples. The warpers are generate's (temperature, top-k, top-p). Each step's uniforms for the
@@ -18,11 +16,9 @@ Hugging Face `generate` gives over the N = B*G repeated rows with the same seed,
   noise does not depend on which rows have ended, so the samples are generate's token for token (up to float
   rounding, ~1e-6 in fp32: other batch shapes, oneDNN, the two-part attention), and so is the random state.
 - Not handled here (rollout.sample uses generate for them): caches other than plain per-layer keys and values
-  (linear-attention or convolution states are written in place), and RoPE variants whose frequencies depend
-  on the batch's longest position.
+  (linear-attention or convolution states are written in place), RoPE whose frequencies depend on the length.
 
-Shapes: B prompts, G rows per prompt, N = B*G rows, n <= N rows still running, P prompt tokens (left-padded),
-V vocabulary, R' <= max_new_tokens steps run.
+Shapes: B prompts, G rows a prompt, N = B*G rows, n <= N still running, P prompt tokens (left-padded), V vocab.
 """
 from __future__ import annotations
 
@@ -40,14 +36,15 @@ from minirl.rollout import gumbel_argmax, gumbel_uniforms
 
 @torch.no_grad()
 def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int, max_new_tokens: int,
-           warpers: list, noise: bool, eos_ids: list[int], pad_id: int, stop=None) -> torch.Tensor | None:
+           warpers: list, noise: bool, eos_ids: list[int], pad_id: int, stop=None, budgets=None,
+           generator=None) -> torch.Tensor | None:
     """G continuations of each of the B prompts (B, P). `warpers` process the fp32 scores (N, V); `noise` adds
-    Gumbel noise (a sample; else greedy); `stop(ids, scores) -> (n,) bool` ends rows (generate's
-    StopStringCriteria). Returns the (N, R') response ids, pad after a row's end, or None when the model's
-    cache cannot be copied between rows (the caller then uses generate)."""
+    Gumbel noise from `generator` (else torch's global one; no noise: greedy). A row ends at an EOS, where
+    `stop(ids, scores) -> (n,) bool` says (generate's StopStringCriteria) or at its budget (N,). Returns the
+    (N, R') response ids, pad after a row's end, or None when the cache cannot be copied between rows."""
     with _DECODING, _packed_linears(model, prompt_ids.shape[0] * group_size):
         return _decode(model, prompt_ids, prompt_mask, group_size, max_new_tokens, warpers, noise, eos_ids, pad_id,
-                       stop)
+                       stop, budgets, generator)
 
 
 # One decode at a time in a process: both speed-ups below swap something on the shared model for the length of a
@@ -56,22 +53,23 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_siz
 _DECODING = threading.RLock()
 
 
-def _decode(model, prompt_ids, prompt_mask, group_size, max_new_tokens, warpers, noise, eos_ids, pad_id, stop):
+def _decode(model, prompt_ids, prompt_mask, group_size, max_new_tokens, warpers, noise, eos_ids, pad_id, stop,
+            budgets, generator):
     B, P = prompt_ids.shape
     N = B * group_size
+    budgets = torch.full((N,), max_new_tokens, device=prompt_ids.device) if budgets is None else budgets
     owner = torch.arange(B, device=prompt_ids.device).repeat_interleave(group_size)       # (N,) row -> prompt
     positions = position_ids_from_mask(prompt_mask)
     extra = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
     prefill = model(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1],
                     position_ids=positions[:, :-1], use_cache=True, **extra)
-    cache = prefill.past_key_values
-    del prefill
+    cache, prefill = prefill.past_key_values, None
     if not _plain_attention_cache(cache):
         return None
     # the two-part attention needs every layer's cache in its hands (a sliding-window layer keeps transformers'
     # mask), and fp32 (the two parts are rounded apart: in bf16 that changes samples)
     configs = _configs(model)
-    shared = _shares_prefix(configs) and all(type(layer) is DynamicLayer and layer.keys.dtype == torch.float32
+    shared = _shares_prefix(model, configs) and all(type(layer) is DynamicLayer and layer.keys.dtype == torch.float32
                                              for layer in cache.layers)
     for i, layer in enumerate(cache.layers):
         if shared and type(layer) is DynamicLayer:     # the prompt's K, V kept once, the rows' own after it
@@ -92,13 +90,13 @@ def _decode(model, prompt_ids, prompt_mask, group_size, max_new_tokens, warpers,
         for warp in warpers:
             scores = warp(ids, scores)
         # every row's uniforms are drawn, so that each row's noise is the one generate would give it
-        tokens = gumbel_argmax(scores, gumbel_uniforms(N, scores.shape[1], scores.device)[running]) if noise \
-            else scores.argmax(-1)                                                                         # (n,)
+        tokens = gumbel_argmax(scores, gumbel_uniforms(N, scores.shape[1], scores.device, generator)[running]) \
+            if noise else scores.argmax(-1)                                                                # (n,)
         response[running, t] = tokens
         ids = torch.cat([ids, tokens[:, None]], dim=1)
         mask = torch.cat([mask, mask.new_ones(len(mask), 1)], dim=1)
         position = position + 1
-        done = torch.isin(tokens, eos)
+        done = torch.isin(tokens, eos) | (budgets[running] <= t + 1)          # an EOS, or the row's budget spent
         if stop is not None:
             done |= stop(ids, scores)
         if bool(done.all()):
@@ -201,10 +199,12 @@ def _configs(model) -> list:
     return list({id(m.config): m.config for m in model.modules() if hasattr(m, "config")}.values())
 
 
-def _shares_prefix(configs: list) -> bool:
-    """Whether the decode loop can attend in two parts: the model runs sdpa attention (what the two-part
-    function stands in for) and plain keys (no logit softcapping, which transformers' sdpa refuses anyway)."""
-    return bool(configs) and all(getattr(c, "_attn_implementation", None) == "sdpa" for c in configs)
+def _shares_prefix(model, configs: list) -> bool:
+    """Whether the decode loop can attend in two parts: sdpa through transformers' attention interface, which the
+    two-part function stands in for (Falcon's alibi path tests the name itself), and plain keys (no softcap)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(inner, "_supports_attention_backend", False) and bool(configs) and \
+        all(getattr(c, "_attn_implementation", None) == "sdpa" for c in configs)
 
 
 @contextlib.contextmanager

@@ -8,7 +8,9 @@ reference is the policy with its adapter disabled (`adapter_disabled`): no secon
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -104,9 +106,20 @@ def quantization_config(bits: int):
     return BitsAndBytesConfig(load_in_8bit=True)
 
 
+# Models are built one at a time in a process: from_pretrained builds on the meta device by patching torch
+# process-wide for the length of the call, so a model built on another thread meanwhile (two sessions' clients
+# created at once) got meta weights ("Cannot copy out of meta tensor"). Reentrant: build_policy holds it too.
+BUILDING = threading.RLock()
+
+
 def load_model(path: str, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa",
                gradient_checkpointing: bool = False, load_in_bits: int = 0):
     """A causal LM from a folder: a full model, a merged LoRA model, or a peft adapter on its base model."""
+    with BUILDING:
+        return _load_model(path, dtype, attn_implementation, gradient_checkpointing, load_in_bits)
+
+
+def _load_model(path, dtype, attn_implementation, gradient_checkpointing, load_in_bits):
     from transformers import AutoModelForCausalLM
 
     if load_in_bits:
@@ -167,19 +180,37 @@ def build_policy(path: str, device: torch.device, dtype: torch.dtype, attn_imple
 
     Precision: trained weights stay fp32 and compute runs in `dtype` (autocast or FSDP's mixed precision), since
     bf16 weights would round away most updates at lr 1e-6. A frozen base (LoRA, quantised) is held in `dtype`;
-    peft keeps the adapter in fp32 over it. The adapter is initialised from `seed` without touching the
-    caller's RNG, so every process builds the same one."""
+    peft keeps the adapter in fp32 over it. The adapter is drawn from a generator of its own seeded by `seed`
+    (init_adapter), so every process, and every thread whatever the others draw meanwhile, builds the same one."""
     frozen_base = bool(lora) or bool(load_in_bits)
-    model = load_model(path, dtype if frozen_base else torch.float32, attn_implementation, gradient_checkpointing,
-                       load_in_bits)
-    model = model if load_in_bits else model.to(device)  # a quantised model is placed on its GPU by from_pretrained
-    check_exact(model)
-    if lora:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+    with BUILDING:
+        model = load_model(path, dtype if frozen_base else torch.float32, attn_implementation,
+                           gradient_checkpointing, load_in_bits)
+        model = model if load_in_bits else model.to(device)  # a quantised model is put on its GPU by from_pretrained
+        check_exact(model)
+        if lora:
             model = add_lora(model, lora["rank"], lora["alpha"], lora.get("dropout", 0.0),
                              lora.get("target_modules", "all-linear"))
+            init_adapter(model, seed)
     return (model if keep_dropout else disable_dropout(model)).train()
+
+
+@torch.no_grad()
+def init_adapter(model, seed: int) -> None:
+    """peft's LoRA init, drawn from torch.Generator(seed) instead of torch's global generator (which other
+    threads, unseeded samplers, draw from too). The draws replay peft's after torch.manual_seed(seed), so the
+    adapter is the one a seed always gave: per layer, in creation order, nn.Linear's Kaiming-uniform init of A
+    and of B when they are built, then A's own; B is zero."""
+    from peft.tuners.lora import LoraLayer
+    generator = torch.Generator().manual_seed(seed)
+    kaiming = lambda w: torch.nn.init.kaiming_uniform_(torch.empty(w.shape), a=math.sqrt(5), generator=generator)  # noqa: E731
+    for module in model.modules():
+        if isinstance(module, LoraLayer):
+            for name in module.lora_A:
+                a, b = module.lora_A[name].weight, module.lora_B[name].weight
+                kaiming(a), kaiming(b)
+                a.copy_(kaiming(a))
+                b.zero_()
 
 
 def load_reference(path: str, dtype: torch.dtype, attn_implementation: str, device: torch.device):

@@ -46,11 +46,17 @@ class Rollout:
         return torch.cat([self.prompt_mask, self.response_mask], dim=1)
 
 
-def response_mask_from_ids(response_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """1 up to and including the first EOS, 0 after it. Returns (mask (N, R), truncated (N,) bool)."""
+def response_mask_from_ids(response_ids: torch.Tensor, eos_ids: list[int], budgets: torch.Tensor | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """1 up to and including the first EOS, 0 after it, and 0 from each row's own budget (N,) on (what a batch
+    generated past it is not the row's). Returns (mask (N, R), truncated (N,) bool)."""
     is_eos = torch.isin(response_ids, torch.tensor(eos_ids, device=response_ids.device))
+    within = None if budgets is None else \
+        torch.arange(response_ids.shape[1], device=response_ids.device) < budgets.to(response_ids.device)[:, None]
+    if within is not None:
+        is_eos &= within
     eos_seen_before = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0    # strictly before position t
-    mask = (~eos_seen_before).long()
+    mask = (~eos_seen_before).long() if within is None else (~eos_seen_before & within).long()
     truncated = ~is_eos.any(dim=1)
     return mask, truncated
 
@@ -66,21 +72,32 @@ def eos_token_ids(tokenizer, model) -> list[int]:
 def cap_new_tokens(model, prompt_tokens: int, max_new_tokens: int) -> int:
     """max_new_tokens, lowered so that prompt + response fit the model's context (max_position_embeddings).
     Beyond it a model's positions are untrained (and generate warns on every call); we warn once per setting."""
+    return int(row_budgets(model, torch.ones(1, prompt_tokens, dtype=torch.long), max_new_tokens)[0])
+
+
+def row_budgets(model, prompt_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """Each row's max_new_tokens (N,), lowered so that its own prompt (prompt_mask's 1s, not the batch's padded
+    width) plus its response fit the model's context: a row gets the budget it would get alone."""
+    lengths = prompt_mask.sum(1)
     context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if context is None or prompt_tokens + max_new_tokens <= context:
-        return max_new_tokens
+    if context is None or int(lengths.max()) + max_new_tokens <= context:
+        return torch.full_like(lengths, max_new_tokens)
     # a constant message: Python's default warning filter then shows it once, not once per batch
     warnings.warn(f"max_new_tokens={max_new_tokens} plus the prompt exceeds the model's context of {context} "
                   f"tokens; responses are capped at {context} minus the prompt's length", stacklevel=3)
-    return max(context - prompt_tokens, 1)
+    return (context - lengths).clamp(min=1, max=max_new_tokens)
 
 
 class GumbelNoise(LogitsProcessor):
     """The sample, as generate's last processor: the (already tempered and truncated) scores become 0 at the
-    token `gumbel_argmax` draws and -inf elsewhere, so generate's greedy pick is that sample."""
+    token `gumbel_argmax` draws and -inf elsewhere, so generate's greedy pick is that sample. The uniforms come
+    from `generator` (a request's own), else from torch's global one."""
+
+    def __init__(self, generator: torch.Generator | None = None):
+        self.generator = generator
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        tokens = gumbel_argmax(scores, gumbel_uniforms(*scores.shape, scores.device))                # (N,)
+        tokens = gumbel_argmax(scores, gumbel_uniforms(*scores.shape, scores.device, self.generator))  # (N,)
         return torch.full_like(scores, -float("inf")).scatter_(1, tokens[:, None], 0.0)
 
 
@@ -89,12 +106,12 @@ class GumbelNoise(LogitsProcessor):
 GUMBEL_BLOCK, GUMBEL_ONE_LEVEL = 256, 4096
 
 
-def gumbel_uniforms(rows: int, vocab: int, device=None) -> torch.Tensor:
+def gumbel_uniforms(rows: int, vocab: int, device=None, generator: torch.Generator | None = None) -> torch.Tensor:
     """The uniforms one sampling step of `rows` rows consumes: (rows, V) for a small vocabulary, else
     (rows, V/GUMBEL_BLOCK + GUMBEL_BLOCK), a noise per block then a noise per entry of one block. Both decode
     paths draw them for all N rows."""
     width = vocab if vocab <= GUMBEL_ONE_LEVEL else -(-vocab // GUMBEL_BLOCK) + GUMBEL_BLOCK
-    return torch.rand(rows, width, dtype=torch.float32, device=device)
+    return torch.rand(rows, width, dtype=torch.float32, device=device, generator=generator)
 
 
 def gumbel_argmax(scores: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -132,23 +149,27 @@ def warpers(temperature: float, top_p: float, top_k: int) -> list:
     return out + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
 
 
-def sampling_processors(temperature: float, top_p: float, top_k: int) -> list:
+def sampling_processors(temperature: float, top_p: float, top_k: int, generator: torch.Generator | None = None
+                        ) -> list:
     """The warpers, then the noise that makes greedy decoding a sample."""
-    return warpers(temperature, top_p, top_k) + [GumbelNoise()]
+    return warpers(temperature, top_p, top_k) + [GumbelNoise(generator)]
 
 
 @torch.no_grad()
 def sample(model, tokenizer, prompts: list[str] | list[list[int]], group_size: int, max_new_tokens: int,
            temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
-           stop: list[str] | None = None) -> Rollout:
+           stop: list[str] | None = None, generator: torch.Generator | None = None) -> Rollout:
     """Generate `group_size` completions for each prompt: strings (chat template already applied) or token
     lists (the sessions API's prompts, minirl/sessions/client.py), left-padded the same way. A row ends at its
-    first EOS or, with `stop`, at the token that completes a stop string (kept in the response, as an EOS is)."""
+    first EOS or, with `stop`, at the token that completes a stop string (kept in the response, as an EOS is),
+    or at its own budget (row_budgets). The noise is drawn from `generator` (on the model's device) if given:
+    a seeded request's own, which no other thread draws from; else from torch's global generator."""
     enc = encode_prompts(tokenizer, prompts, next(model.parameters()).device)
     prompt_ids = enc.input_ids.repeat_interleave(group_size, dim=0)                               # (N, P)
     prompt_mask = enc.attention_mask.repeat_interleave(group_size, dim=0)
     eos_ids = eos_token_ids(tokenizer, model)
-    budget = cap_new_tokens(model, prompt_ids.shape[1], max_new_tokens)
+    budgets = row_budgets(model, prompt_mask, max_new_tokens)                                      # (N,)
+    budget = int(budgets.max())
     was_training = model.training
     model.eval()  # dropout off; gradient checkpointing is a training-mode feature, so the KV cache stays on
     try:
@@ -157,13 +178,13 @@ def sample(model, tokenizer, prompts: list[str] | list[list[int]], group_size: i
             from minirl.decode import decode
             response_ids = decode(model, enc.input_ids, enc.attention_mask, group_size, budget,
                                   [] if greedy else warpers(temperature, top_p, top_k), not greedy, eos_ids,
-                                  tokenizer.pad_token_id, _stop_criteria(tokenizer, stop))
+                                  tokenizer.pad_token_id, _stop_criteria(tokenizer, stop), budgets, generator)
         if response_ids is None:  # None: the model's cache cannot be shared between rows
-            response_ids = _generate(model, tokenizer, prompt_ids, prompt_mask, budget, eos_ids,
-                                     [] if greedy else sampling_processors(temperature, top_p, top_k), stop)
+            processors = [] if greedy else sampling_processors(temperature, top_p, top_k, generator)
+            response_ids = _generate(model, tokenizer, prompt_ids, prompt_mask, budgets, eos_ids, processors, stop)
     finally:
         model.train(was_training)
-    return make_rollout(tokenizer, prompt_ids, prompt_mask, response_ids, eos_ids, group_size, stop)
+    return make_rollout(tokenizer, prompt_ids, prompt_mask, response_ids, eos_ids, group_size, stop, budgets)
 
 
 def encode_prompts(tokenizer, prompts: list[str] | list[list[int]], device):
@@ -174,12 +195,13 @@ def encode_prompts(tokenizer, prompts: list[str] | list[list[int]], device):
 
 
 def make_rollout(tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor,
-                 eos_ids: list[int], group_size: int, stop: list[str] | None = None) -> Rollout:
-    """The Rollout of generated (N, R') response ids: each row ends at its first EOS or stop string, padding
-    after it (whatever an engine put there), its text decoded."""
-    mask, truncated = response_mask_from_ids(response_ids, eos_ids)
+                 eos_ids: list[int], group_size: int, stop: list[str] | None = None,
+                 budgets: torch.Tensor | None = None) -> Rollout:
+    """The Rollout of generated (N, R') response ids: each row ends at its first EOS or stop string, or at its
+    budget (N,), padding after it (whatever an engine put there), its text decoded."""
+    mask, truncated = response_mask_from_ids(response_ids, eos_ids, budgets)
     if stop:
-        mask, truncated = _mask_after_stop(response_ids, mask, truncated, tokenizer, stop)
+        mask, truncated = _mask_after_stop(prompt_ids, response_ids, mask, truncated, tokenizer, stop)
     response_ids = response_ids.masked_fill(mask == 0, tokenizer.pad_token_id)
     texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
     return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=mask,
@@ -201,11 +223,14 @@ def _stop_criteria(tokenizer, stop: list[str] | None):
     return StopStringCriteria(tokenizer, list(stop)) if stop else None
 
 
-def _generate(model, tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
+def _generate(model, tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, budgets: torch.Tensor,
               eos_ids: list[int], processors: list, stop: list[str] | None) -> torch.Tensor:
     """Hugging Face generate over the N repeated rows: the path for the models minirl.decode does not take.
-    -> (N, R') response ids, rows that ended early padded."""
-    from transformers import GenerationConfig
+    Each row ends at its own budget (N,). -> (N, R') response ids, rows that ended early padded."""
+    from transformers import GenerationConfig, StoppingCriteriaList
+    max_new_tokens, P = int(budgets.max()), prompt_ids.shape[1]
+    # a row whose budget is spent ends as at an EOS (generate then feeds it padding, which make_rollout masks)
+    at_budget = lambda ids, scores, **kw: ids.shape[1] - P >= budgets.to(ids.device)  # noqa: E731
     # generate() fills every field we leave unset (None) from the model's generation_config, then from HF's
     # global defaults (top_k=50!). So start from those global defaults and set every field ourselves; the
     # sampling fields keep their defaults, because the sampling happens in our processors (module docstring).
@@ -224,28 +249,26 @@ def _generate(model, tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Ten
         # process needs to keep stepping for the others
         out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, synced_gpus=False,
                              generation_config=gen_config, logits_processor=LogitsProcessorList(processors),
+                             stopping_criteria=StoppingCriteriaList([at_budget]),
                              tokenizer=tokenizer if stop else None)                                # (N, P + R')
     finally:
         model.generation_config = model_config
     return out[:, prompt_ids.shape[1]:]
 
 
-def _mask_after_stop(response_ids: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor, tokenizer,
-                     stop: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """End each row that holds a stop string at the token completing its first one. Whether a prefix's text
-    holds one only turns from no to yes as the prefix grows, so a binary search finds that token."""
+def _mask_after_stop(prompt_ids: torch.Tensor, response_ids: torch.Tensor, mask: torch.Tensor,
+                     truncated: torch.Tensor, tokenizer, stop: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """End each row at the first token where generate's own stop test (StopStringCriteria, over prompt and
+    response tokens) holds: where generation stopped. Decoding the response's text instead misses a stop string
+    that is a special token's text (decoded without it) or that starts in the prompt."""
     mask, truncated = mask.clone(), truncated.clone()
-    holds = lambda ids: any(s in tokenizer.decode(ids, skip_special_tokens=True) for s in stop)  # noqa: E731
-    for i in range(len(response_ids)):
-        ids = response_ids[i, :int(mask[i].sum())].tolist()
-        if not holds(ids):
-            continue
-        lo, hi = 0, len(ids) - 1                  # the shortest prefix ids[:hi + 1] that holds a stop string
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if holds(ids[:mid + 1]) else (mid + 1, hi)
-        mask[i, hi + 1:] = 0
-        truncated[i] = False
+    criteria, P = _stop_criteria(tokenizer, stop), prompt_ids.shape[1]
+    ids = torch.cat([prompt_ids, response_ids], dim=1)                                        # (N, P + R)
+    for t in range(response_ids.shape[1]):
+        hit = criteria(ids[:, :P + t + 1], None) & (mask[:, t] == 1)                          # (N,)
+        if bool(hit.any()):
+            mask[hit, t + 1:] = 0
+            truncated[hit] = False
     return mask, truncated
 
 

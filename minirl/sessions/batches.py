@@ -70,7 +70,12 @@ def collate(datums: list, loss_fn: str, pad_id: int, device: torch.device) -> di
         mask[i, :r] = 1.0
         for name, v in inputs.items():
             cols[name][i, :r] = v
-    if "weights" not in need or not any("weights" in d.loss_fn_inputs for d in datums):
+    weighted = [k for k, d in enumerate(datums) if "weights" in d.loss_fn_inputs]
+    if "weights" in need and 0 < len(weighted) < N:  # the others would silently weigh 0
+        raise ValueError(f"{len(weighted)} of {N} datums carry loss_fn_inputs 'weights', datum "
+                         f"{min(set(range(N)) - set(weighted))} does not: give every datum weights, or none "
+                         "(then every target token weighs 1)")
+    if "weights" not in need or not weighted:
         cols["weights"] = mask.clone()
     batch = {"input_ids": ids, "attention_mask": attn, "mask": mask, **cols}
     batch = {k: v.to(device) for k, v in batch.items()}

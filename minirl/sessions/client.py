@@ -34,7 +34,7 @@ from minirl.distributed import (all_reduce_sum, barrier, rank, shutdown, sum_gra
 from minirl.models import (build_policy, config_dtype, load_model, load_tokenizer, pick_attn_implementation,
                            pick_dtype, resolve_model_path)
 from minirl.sessions import batches
-from minirl.sessions.sampling import SamplingClient
+from minirl.sessions.sampling import SampledTemperatures, SamplingClient
 from minirl.sessions.types import (AdamParams, ForwardBackwardOutput, GetInfoResponse, LoadWeightsResponse,
                                    ModelData, OptimStepResponse, SaveWeightsForSamplerResponse,
                                    SaveWeightsResponse, adam_params_of)
@@ -61,7 +61,6 @@ class TrainingClient:
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=AdamParams.learning_rate)
         self._worker = _Worker(service.device, service.dtype)
-        self.sampled_temperatures: set[float] = set()  # by this session's samplers: the RL losses' default
         self._step_error: BaseException | None = None  # a failed forward_backward poisons its step
 
     # -- reading the model
@@ -83,7 +82,7 @@ class TrainingClient:
             raise ValueError("use_adapter=False needs a LoRA training client; for full fine-tuning load the "
                              "reference with ServiceClient.create_sampling_client(base_model=...)")
         return ready(SamplingClient(self.model, self.tokenizer, self._worker, lambda: self.policy_version,
-                                    self.micro_batch_size, use_adapter, owner=self))
+                                    self.micro_batch_size, use_adapter, self.service.temperatures))
 
     def save_weights_and_get_sampling_client(self, name: str | None = None, retry_config=None,
                                              record_stability_info: bool = False,
@@ -93,11 +92,11 @@ class TrainingClient:
         def make() -> SamplingClient:
             if kind == "inflight":
                 return SamplingClient(self.model, self.tokenizer, self._worker, lambda: self.policy_version,
-                                      self.micro_batch_size, owner=self)
+                                      self.micro_batch_size, temperatures=self.service.temperatures)
             snapshot = copy.deepcopy(self.model).eval().requires_grad_(False)
             version = self.policy_version
             return SamplingClient(snapshot, self.tokenizer, self._worker, lambda: version, self.micro_batch_size,
-                                  owner=self)
+                                  temperatures=self.service.temperatures)
         if kind not in ("snapshot", "inflight"):
             raise ValueError(f"kind must be 'snapshot' or 'inflight', not {kind!r}")
         fut = self._worker.submit("save_weights_and_get_sampling_client", make)
@@ -121,19 +120,17 @@ class TrainingClient:
     def forward_backward_custom(self, data: list, loss_fn: Callable) -> Future:
         return self._worker.submit("forward_backward_custom", self._custom, list(data), loss_fn)
 
-    def _temperature(self, loss_fn: str, config: dict) -> float:
+    def _temperature(self, data: list, loss_fn: str, config: dict) -> float:
+        """The RL losses' T: loss_fn_config's, else the one that sampled the data (SampledTemperatures)."""
         if "temperature" in config or loss_fn == "cross_entropy":
             return float(config.pop("temperature", 1.0))
-        if len(self.sampled_temperatures) > 1:
-            raise ValueError(f"this session sampled at temperatures {sorted(self.sampled_temperatures)}: pass the "
-                             "one that sampled this data as loss_fn_config={'temperature': T}")
-        return next(iter(self.sampled_temperatures), 1.0)
+        return self.service.temperatures.of(data)
 
     def _loss(self, data: list, loss_fn: str, config: dict, grad: bool) -> ForwardBackwardOutput:
         if grad and self._step_error is not None:
             raise SessionError(f"skipped: an earlier forward_backward of this step failed ({self._step_error})")
         try:
-            T = self._temperature(loss_fn, config)
+            T = self._temperature(data, loss_fn, config)
             batch = batches.collate(data, loss_fn, self.tokenizer.pad_token_id, self._worker.device)
             _, logp, metrics = batches.loss_pass(self.model, batch, loss_fn, config, self.micro_batch_size, grad, T)
         except BaseException as e:
@@ -181,7 +178,6 @@ class TrainingClient:
             group.update(lr=p.learning_rate, betas=(p.beta1, p.beta2), eps=p.eps, weight_decay=p.weight_decay)
         grad_norm = optim_step(self.model, self.optimizer, None, p.grad_clip_norm)
         self.policy_version += 1
-        self.sampled_temperatures.clear()
         return OptimStepResponse({"grad_norm": grad_norm, "lr": p.learning_rate,
                                   "policy_version": float(self.policy_version)})
 
@@ -264,6 +260,7 @@ class ServiceClient:
         default_dir = Path(os.environ.get("MINIRL_CACHE", "~/.cache/minirl")) / "sessions"   # minirl's cache root
         self.checkpoint_dir = Path(checkpoint_dir or os.environ.get("MINIRL_SESSIONS_DIR") or default_dir).expanduser()
         self.session_id, self.training_clients = uuid.uuid4().hex[:12], []
+        self.temperatures = SampledTemperatures()  # what sampled which sequence: the RL losses' T
 
     def __enter__(self) -> "ServiceClient":
         return self
@@ -332,9 +329,12 @@ class ServiceClient:
             raise ValueError("Either model_path or base_model must be provided")
         name = model_path if model_path is not None else base_model
         source = str(self.resolve(name)) if name.startswith("tinker://") else resolve_model_path(name)
+        if name.startswith("tinker://") and not Path(source).is_dir():
+            raise FileNotFoundError(f"{name} does not exist: no checkpoint was saved under that path (write one "
+                                    "with save_weights_for_sampler, and pass the path it returns)")
         model = load_model(source, self.dtype, self.attn_implementation).to(self.device).eval()
         return ready(SamplingClient(model, load_tokenizer(source), _Worker(self.device, self.dtype), lambda: 0,
-                                     micro_batch_size))
+                                    micro_batch_size, temperatures=self.temperatures))
 
     def shutdown(self) -> None:
         """Leave the process group (all processes together); call once at the end of a multi-process loop."""

@@ -3,13 +3,19 @@ over `rollout.sample` and `logprobs.batched_logprobs`.
 
 `sample` calls submitted together run as one `generate` where their parameters agree (the worker's batching,
 minirl/sessions/worker.py). Each sampled token's log-prob is the trainer's own teacher-forced log-prob of pi_T
-at the sampling temperature (what train.py's prepare_batch computes as old_logp), so on-policy ratios are 1.
+at the sampling temperature (what train.py's prepare_batch computes as old_logp), so on-policy ratios are 1,
+and an RL loss scores a datum at the temperature that sampled it (`SampledTemperatures`). The log-probs are of
+the whole tempered distribution, also when top-p or top-k truncated what was sampled from (as the trainer's).
+A seeded call draws from a torch.Generator of its own, so other threads' draws cannot change its samples.
 
 Shapes: N = B*G sequences, P prompt tokens (left-padded), R completion tokens (right-padded).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import hashlib
+import threading
 import uuid
 from collections.abc import Callable
 
@@ -18,7 +24,8 @@ import torch
 from minirl.logprobs import batched_logprobs
 from minirl.models import adapter_disabled
 from minirl.rollout import eos_token_ids, sample
-from minirl.sessions.types import SampledSequence, SampleResponse, SamplingParams, sampling_params_of, tokens_of
+from minirl.sessions.types import (SampledSequence, SampleResponse, SamplingParams, sampling_params_of, tensor_of,
+                                   tokens_of)
 from minirl.sessions.worker import Future, _Worker, add_async_variants
 
 
@@ -28,9 +35,9 @@ class SamplingClient:
     penalties, DPO and KTO) without a second copy."""
 
     def __init__(self, model, tokenizer, worker: _Worker, version: Callable[[], int], micro_batch_size: int = 32,
-                 use_adapter: bool = True, owner=None):
+                 use_adapter: bool = True, temperatures: "SampledTemperatures | None" = None):
         self.model, self.tokenizer, self._worker, self._version = model, tokenizer, worker, version
-        self.micro_batch_size, self.use_adapter, self._owner = micro_batch_size, use_adapter, owner
+        self.micro_batch_size, self.use_adapter, self.temperatures = micro_batch_size, use_adapter, temperatures
 
     def get_tokenizer(self):
         return self.tokenizer
@@ -48,8 +55,6 @@ class SamplingClient:
             raise ValueError("top-k log-probs, target_prompt_logprobs and prompt_alt_tokens are not supported")
         params = sampling_params_of(sampling_params)
         stop = self._stop_strings(params.stop)
-        if self._owner is not None and params.temperature > 0:
-            self._owner.sampled_temperatures.add(float(params.temperature))
         # calls that agree run as one generate; a seeded call runs alone, so that its samples depend on its seed
         # only, not on which calls arrived with it (over HTTP that is a race)
         alone = object() if params.seed is not None else None
@@ -72,12 +77,10 @@ class SamplingClient:
         """One generate for all prompts (rollout.sample), then the sampled tokens' log-probs at the sampling
         temperature from the trainer's forward pass, with the entropy (exactly as train.py's prepare_batch)."""
         T, greedy = params.temperature or 1.0, params.temperature == 0
-        devices = [self._worker.device] if self._worker.device.type == "cuda" else []
-        with self._adapter(), torch.random.fork_rng(devices=devices, enabled=params.seed is not None):
-            if params.seed is not None:
-                torch.manual_seed(params.seed)
+        generator = None if params.seed is None else torch.Generator(self._worker.device).manual_seed(params.seed)
+        with self._adapter():
             rollout = sample(self.model, self.tokenizer, prompts, G, params.max_tokens or 256, T, params.top_p,
-                             max(params.top_k, 0), greedy=greedy, stop=stop or None)
+                             max(params.top_k, 0), greedy=greedy, stop=stop or None, generator=generator)
             R = rollout.response_ids.shape[1]
             logp, entropy = batched_logprobs(self.model, rollout.input_ids, rollout.attention_mask, R,
                                              self.micro_batch_size, T, with_entropy=True)              # (N, R)
@@ -85,6 +88,9 @@ class SamplingClient:
         seqs = [SampledSequence(rollout.response_ids[i, :n].tolist(), logp[i, :n].tolist(),
                                 "length" if rollout.truncated[i] else "stop", uuid.uuid4().hex, entropy[i, :n].tolist())
                 for i, n in enumerate(lengths)]
+        if self.temperatures is not None:  # before the result is out: a loss on these samples finds their T
+            for i, n in enumerate(lengths):
+                self.temperatures.record(rollout.response_ids[i, :n], logp[i, :n], T)
         prompt_logprobs = self._compute_logprobs(prompts) if with_prompt_logprobs else [None] * len(prompts)
         return [SampleResponse(seqs[b * G:(b + 1) * G], prompt_logprobs[b], version) for b in range(len(prompts))]
 
@@ -118,6 +124,53 @@ class SamplingClient:
         with self._adapter():
             logp, _ = batched_logprobs(self.model, ids.to(device), attn.to(device), R, self.micro_batch_size)
         return [[None] + logp[i, :len(s) - 1].tolist() for i, s in enumerate(sequences)]
+
+
+class SampledTemperatures:
+    """Which temperature sampled which sequence, so that an RL loss scores each datum at its own sampling
+    temperature whenever its forward_backward runs: the key is the sampled data itself (the tokens and their
+    float32 log-probs, which a datum carries as target_tokens and logprobs), not the order of calls. One per
+    ServiceClient, shared by its samplers (those on saved weights too); it keeps the last `capacity` sequences."""
+
+    def __init__(self, capacity: int = 1 << 16):
+        self.capacity, self._seen, self._lock = capacity, collections.OrderedDict(), threading.Lock()
+
+    @staticmethod
+    def _keys(tokens: torch.Tensor, logprobs: torch.Tensor) -> list[bytes]:
+        """A key per run of positions with a log-prob (a datum's unsampled positions carry 0)."""
+        tokens, logprobs = tokens.detach().cpu().long(), logprobs.detach().cpu().float()
+        edges = torch.diff((logprobs != 0).long(), prepend=torch.zeros(1, dtype=torch.long),
+                           append=torch.zeros(1, dtype=torch.long)).nonzero().squeeze(1).tolist()
+        return [hashlib.blake2b(tokens[a:b].numpy().tobytes() + logprobs[a:b].numpy().tobytes(),
+                                digest_size=16).digest() for a, b in zip(edges[::2], edges[1::2])]
+
+    def record(self, tokens: torch.Tensor, logprobs: torch.Tensor, temperature: float) -> None:
+        with self._lock:
+            for key in self._keys(tokens, logprobs):
+                self._seen[key] = float(temperature)
+                self._seen.move_to_end(key)
+            while len(self._seen) > self.capacity:
+                self._seen.popitem(last=False)
+
+    def of(self, datums: list) -> float:
+        """The temperature that sampled these datums; 1 for data no sampler here returned, if none recorded."""
+        found, unknown = set(), False
+        with self._lock:
+            for d in datums:
+                inputs = d.loss_fn_inputs
+                if "logprobs" not in inputs or "target_tokens" not in inputs:
+                    continue  # collate names what is missing
+                keys = self._keys(tensor_of(inputs["target_tokens"]), tensor_of(inputs["logprobs"]))
+                temps = {self._seen[k] for k in keys if k in self._seen}
+                found |= temps
+                unknown |= not temps
+            if unknown:  # not sampled here, or long ago: any temperature recorded may be the one
+                found |= set(self._seen.values())
+        if len(found) > 1:
+            raise ValueError(f"this batch holds samples of temperatures {sorted(found)}, or samples this server "
+                             "did not return: send one forward_backward per temperature, or pass the one that "
+                             "sampled it as loss_fn_config={'temperature': T}")
+        return next(iter(found), 1.0)
 
 
 add_async_variants(SamplingClient, plain=[], creating=["sample", "compute_logprobs"])

@@ -123,7 +123,9 @@ def test_context_cap_and_short_prompts_keep_generates_answer(monkeypatch, random
     with pytest.warns(UserWarning, match="context"):
         fast, plain = both_paths(monkeypatch, random_model, tiny_tokenizer, group_size=2, max_new_tokens=30)
     assert_same(fast, plain)
-    assert fast[0].input_ids.shape[1] == 40
+    r = fast[0]   # each row's own prompt and response fit the context: the shorter prompt gets the longer budget
+    used = r.prompt_mask.sum(1) + r.response_mask.sum(1)
+    assert (used <= 40).all() and used.max() == 40 and r.response_mask.sum(1).max() > 40 - r.prompt_ids.shape[1]
     assert not rollout.shares_prompts(random_model, 1) and rollout.shares_prompts(random_model, 2)
 
 

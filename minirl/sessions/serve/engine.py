@@ -9,13 +9,16 @@ log-probs, one teacher-forced pass of the trainer's log-prob path (logprobs.py) 
 Batching: one thread waits for the first request, waits `window_s` more (or until `max_batch_rows` rows are
 pending), then runs each group of agreeing requests; requests that arrive meanwhile wait for the next round,
 so under load every generate is as full as the traffic allows. A seeded sampling request runs in a generate of
-its own: the noise a row gets depends on the rows around it, so only alone does its seed fix its samples.
+its own: the noise a row gets depends on the rows around it, so only alone does its seed fix its samples; and
+it draws from a torch.Generator of its own, which other threads (training, other servers) do not draw from.
 
 Dropping: a cancelled job (the client hung up) is skipped if it has not started; if every job of a running
 generate is cancelled, a hook on the decoder ends it at the next step. A generate with live requests left runs
 on (its rows cannot leave a running `generate`).
 
 Log-probs are of the model's own distribution (temperature 1, no top-p/top-k), as vLLM reports them by default.
+A row ends at its EOS, at the token completing a stop string, or at its own budget (its own prompt's room in
+the context: rollout.row_budgets), whatever else shares its generate.
 
 Shapes: N rows (prompts x n samples), P prefix tokens (left-padded), R scored tokens (right-padded), H hidden,
 K top log-probs.
@@ -156,7 +159,7 @@ class Engine:
             if jobs:
                 s = jobs[0].sampling
                 prompts = [p for j in jobs for p in j.prompts]
-                with self.adapter(), _seeded(s.seed, _device(self.model)), _stop_when_gone(self.model, jobs):
+                with self.adapter(), _stop_when_gone(self.model, jobs):
                     rows = self._generate(prompts, s)
                     outputs = [[Output(i, *rows[(first + i) * s.n + k]) for i in range(len(j.prompts))
                                 for k in range(s.n)] for j, first in zip(jobs, _offsets(jobs))]
@@ -176,8 +179,10 @@ class Engine:
         """(tokens, finish_reason) of each of the N = len(prompts) * n rows, prompt-major."""
         if s.max_tokens == 0:
             return [([], "length")] * (len(prompts) * s.n)
+        device = _device(self.model)
+        generator = None if s.seed is None or s.greedy else torch.Generator(device).manual_seed(s.seed)
         ro = sample(self.model, self.tokenizer, prompts, s.n, s.max_tokens, 1.0 if s.greedy else s.temperature,
-                    s.top_p, s.top_k, greedy=s.greedy, stop=list(s.stop) or None)
+                    s.top_p, s.top_k, greedy=s.greedy, stop=list(s.stop) or None, generator=generator)
         lengths = ro.response_mask.sum(1).tolist()
         return [(ro.response_ids[i, :n].tolist(), "length" if ro.truncated[i] else "stop")
                 for i, n in enumerate(lengths)]
@@ -216,16 +221,6 @@ def _offsets(jobs: list[Job]) -> list[int]:
 
 def _device(model) -> torch.device:
     return next(model.parameters()).device
-
-
-@contextlib.contextmanager
-def _seeded(seed: int | None, device: torch.device):
-    """Sample from a generator state fixed by `seed`, leaving the global one as it was (sessions' sample does
-    the same)."""
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], enabled=seed is not None):
-        if seed is not None:
-            torch.manual_seed(seed)
-        yield
 
 
 @contextlib.contextmanager
