@@ -69,12 +69,6 @@ def eos_token_ids(tokenizer, model) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
-def cap_new_tokens(model, prompt_tokens: int, max_new_tokens: int) -> int:
-    """max_new_tokens, lowered so that prompt + response fit the model's context (max_position_embeddings).
-    Beyond it a model's positions are untrained (and generate warns on every call); we warn once per setting."""
-    return int(row_budgets(model, torch.ones(1, prompt_tokens, dtype=torch.long), max_new_tokens)[0])
-
-
 def row_budgets(model, prompt_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
     """Each row's max_new_tokens (N,), lowered so that its own prompt (prompt_mask's 1s, not the batch's padded
     width) plus its response fit the model's context: a row gets the budget it would get alone."""

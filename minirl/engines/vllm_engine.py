@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from minirl.rollout import Rollout, cap_new_tokens, encode_prompts, eos_token_ids, make_rollout
+from minirl.rollout import Rollout, encode_prompts, eos_token_ids, make_rollout, row_budgets
 
 SERVER = Path(__file__).with_name("vllm_server.py")
 SEED_STRIDE = 1 << 40      # each process's seeds start this far apart (a rank never reaches the next one's)
@@ -110,7 +110,7 @@ class VLLMEngine:
         self.next_seed += B * G
         reply = self._post("/generate", {
             "prompts": [ids[mask.bool()].tolist() for ids, mask in zip(enc.input_ids, enc.attention_mask)],
-            "n": G, "max_tokens": cap_new_tokens(model, enc.input_ids.shape[1], max_new_tokens),
+            "n": G, "max_tokens": row_budgets(model, enc.attention_mask, max_new_tokens).tolist(),  # its own room
             "temperature": 0.0 if greedy else temperature, "top_p": 1.0 if greedy else top_p,
             "top_k": 0 if greedy else top_k, "seeds": seeds, "stop": list(stop or []), "stop_token_ids": eos_ids})
         rows = [row for children in reply["completions"] for row in children]

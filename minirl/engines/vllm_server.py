@@ -6,8 +6,9 @@ vLLM and the standard library only, never minirl. The trainer starts it (minirl/
     .venv-vllm/bin/python minirl/engines/vllm_server.py --model PATH [--port 0] [--max-model-len 2048]
 
 and reads the line `minirl-vllm listening on PORT` from its stdout. The API, JSON over HTTP on 127.0.0.1:
-- POST /generate {"prompts": [[token ids]], "n", "max_tokens", "temperature", "top_p", "top_k", "seeds": [one
-  per prompt], "stop": [strings], "stop_token_ids": [ids]} -> {"completions": [[n lists of token ids]]}.
+- POST /generate {"prompts": [[token ids]], "n", "max_tokens": [one per prompt, or one for all], "temperature",
+  "top_p", "top_k", "seeds": [one per prompt], "stop": [strings], "stop_token_ids": [ids]}
+  -> {"completions": [[n lists of token ids]]}.
   Token ids in and out: the trainer tokenizes and decodes, so both sides agree on every token.
 - POST /load_weights {"path": folder of *.safetensors} -> {"seconds"}: the weights are reloaded in place
   (vLLM's reload_weights, which also repacks the CPU backend's linear layers) and the prefix cache is dropped,
@@ -40,8 +41,11 @@ def generate(llm, request: dict) -> dict:
     n, greedy = request["n"], request.get("temperature", 1.0) == 0.0
     stop = request.get("stop") or None
 
-    def params(seed, children):
-        return SamplingParams(n=children, max_tokens=request["max_tokens"],
+    budgets = request["max_tokens"]      # each prompt's own room in the context (rollout.row_budgets)
+    budgets = budgets if isinstance(budgets, list) else [budgets] * len(request["prompts"])
+
+    def params(seed, children, max_tokens):
+        return SamplingParams(n=children, max_tokens=max_tokens,
                               temperature=request.get("temperature", 1.0), top_p=request.get("top_p", 1.0),
                               top_k=request.get("top_k", 0) or -1, seed=None if greedy else seed, stop=stop,
                               include_stop_str_in_output=True,
@@ -51,7 +55,8 @@ def generate(llm, request: dict) -> dict:
     # vLLM samples child i of a request with seed + i; greedy decoding takes one child per request (n copies)
     copies, children = (n, 1) if greedy else (1, n)
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in request["prompts"] for _ in range(copies)]
-    sampling = [params(seed, children) for seed in request["seeds"] for _ in range(copies)]
+    sampling = [params(seed, children, budget) for seed, budget in zip(request["seeds"], budgets)
+                for _ in range(copies)]
     outputs = llm.generate(prompts, sampling, use_tqdm=False)
     rows = [list(c.token_ids) for out in outputs for c in out.outputs]
     return {"completions": [rows[i * n:(i + 1) * n] for i in range(len(request["prompts"]))]}

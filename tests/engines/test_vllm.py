@@ -98,3 +98,4 @@ def test_grpo_learns_the_toy_task_with_the_vllm_engine(engine, tmp_path, tiny_pa
     assert result["after"][src] > result["before"][src] + 0.15
     # the trainer recomputes the old log-probs from the tokens: on-policy, the ratio is exactly 1
     assert all(abs(r["actor/ppo_kl"]) < 1e-6 and r["actor/pg_clipfrac"] == 0 for r in rows)
+
