@@ -4,7 +4,7 @@
     python scripts/make_code_task_data.py                                   # the files in data/
 
 What the arithmetic toy (minirl/toy/tiny.py) is for math, this is for code: problems a beginner solves in a
-few lines, each a family of statements with parameters, e.g. "arithmetic": "Read an integer n. Print 3*n + 5."
+few lines, each a family of statements with parameters, e.g. "arithmetic": "Read an integer n. Print 3 * n + 5."
 Every problem carries a reference program in Python and in C++ and a *near miss* (an off-by-one, a wrong
 operator, a > for a >=): its tests start with the edge cases that tell the two apart, then random inputs.
 tests/toy/test_code_task.py judges both for every family: the reference passes, the near miss does not.
@@ -46,7 +46,8 @@ class Problem:
     """One generated problem. `key` names the family, the variant and the parameters (the split's unit)."""
     family: str
     key: str
-    statement: str
+    statement: str     # one or two sentences
+    example: str       # "Example: for the input ... the output is ...", shown after the statement by default
     inputs: list[str]  # edge cases that tell `python` from `slip` first, then random inputs
     outputs: list[str]
     python: str        # a reference program
@@ -63,19 +64,19 @@ def _cpp(*lines: str) -> str:
 
 def _problem(family: str, params: tuple, statement: str, solve, inputs: list[str], python: str, cpp: str,
              slip: str) -> Problem:
-    example = inputs[-1]
-    statement += f"\nExample: for the input\n{example}\nthe output is\n{solve(example)}"
-    return Problem(family, f"{family}{params}", statement, inputs, [solve(i) for i in inputs], python, cpp, slip)
+    example = f"Example: for the input\n{inputs[-1]}\nthe output is\n{solve(inputs[-1])}"
+    return Problem(family, f"{family}{params}", statement, example, inputs, [solve(i) for i in inputs], python, cpp,
+                   slip)
 
 
 # --- the families: each (rng, tests) -> Problem ------------------------------------------------------------
 
 def arithmetic(rng: random.Random, k: int) -> Problem:
     """n -> a*n + b (or a*n - b). Slip: b off by one."""
-    a, b, sign = rng.randint(2, 9), rng.randint(1, 20), rng.choice("+-")
+    a, b, sign = rng.randint(2, 9), rng.randint(1, 9), rng.choice("+-")
     value = lambda n, b=b: a * n + b if sign == "+" else a * n - b  # noqa: E731
     inputs = ["0", "1", "-2"] + [str(rng.randint(-100, 100)) for _ in range(k)]
-    return _problem("arithmetic", (a, sign, b), f"Read an integer n. Print {a}*n {sign} {b}.",
+    return _problem("arithmetic", (a, sign, b), f"Read an integer n. Print {a} * n {sign} {b}.",
                     lambda s: str(value(int(s))), inputs,
                     f"n = int(input())\nprint({a} * n {sign} {b})\n",
                     _cpp("long long n;", "cin >> n;", f"cout << {a} * n {sign} {b} << endl;"),
@@ -127,10 +128,11 @@ def lists(rng: random.Random, k: int) -> Problem:
 
 
 def condition(rng: random.Random, k: int) -> Problem:
-    """n -> YES if n is at least t (or divisible by d), else NO. Slip: > for >=, the other remainder."""
-    kind, t = rng.choice(["at least", "divisible by"]), rng.randint(2, 30)
-    test, slip = (f"n >= {t}", f"n > {t}") if kind == "at least" else (f"n % {t} == 0", f"n % {t} == 1")
-    inputs = ([str(t), str(t - 1), str(t + 1)] if kind == "at least" else [str(t), str(2 * t), str(t + 1)]) + \
+    """n -> YES if n is at least / at most t (or divisible by t), else NO. Slip: > for >=, the other remainder."""
+    kind, t = rng.choice(["at least", "at most", "divisible by"]), rng.randint(2, 9)
+    test, slip = {"at least": (f"n >= {t}", f"n > {t}"), "at most": (f"n <= {t}", f"n < {t}"),
+                  "divisible by": (f"n % {t} == 0", f"n % {t} == 1")}[kind]
+    inputs = ([str(t), str(t - 1), str(t + 1)] if kind != "divisible by" else [str(t), str(2 * t), str(t + 1)]) + \
         [str(rng.randint(0, 100)) for _ in range(k)]
     return _problem("condition", (kind, t), f"Read an integer n. Print YES if n is {kind} {t}, otherwise NO.",
                     lambda s: "YES" if eval(test, {}, {"n": int(s)}) else "NO", inputs,
@@ -139,17 +141,16 @@ def condition(rng: random.Random, k: int) -> Problem:
                     f'n = int(input())\nprint("YES" if {slip} else "NO")\n')
 
 
-LOOP_TERMS = {"i": "i", "i * i": "i*i", "i * i * i": "i*i*i"}
+LOOP_TERMS = ("i", "i * i", "i * i * i")
 
 
 def loop(rng: random.Random, k: int) -> Problem:
     """n -> the sum of c*i, c*i*i or c*i*i*i for i = 1..n. Slip: range(1, n)."""
-    term, c = rng.choice(sorted(LOOP_TERMS)), rng.randint(1, 9)
+    term, c = rng.choice(LOOP_TERMS), rng.randint(1, 9)
     term_c = term if c == 1 else f"{c} * {term}"
     inputs = ["1", "2", "5"] + [str(rng.randint(0, 60)) for _ in range(k)]
     solve = lambda s: str(sum(c * eval(term, {}, {"i": i}) for i in range(1, int(s) + 1)))  # noqa: E731
-    shown = LOOP_TERMS[term] if c == 1 else f"{c}*{LOOP_TERMS[term]}"
-    return _problem("loop", (term, c), f"Read an integer n. Print the sum of {shown} for i = 1, 2, ..., n.",
+    return _problem("loop", (term, c), f"Read an integer n. Print the sum of {term_c} for i = 1, 2, ..., n.",
                     solve, inputs, f"n = int(input())\nprint(sum({term_c} for i in range(1, n + 1)))\n",
                     _cpp("long long n, s = 0;", "cin >> n;", f"for (long long i = 1; i <= n; i++) s += {term_c};",
                          "cout << s << endl;"),
@@ -245,22 +246,24 @@ def problems(n: int, seed: int, split: str, families: dict | None = None, num_te
     return out
 
 
-def to_row(p: Problem, language: str, split: str, index: int, num_tests: int = 6) -> dict:
-    """The veRL code row of a problem, in the format scripts/prepare_codecontests.py writes."""
+def to_row(p: Problem, language: str, split: str, index: int, num_tests: int = 6, example: bool = True) -> dict:
+    """The veRL code row of a problem, in the format scripts/prepare_codecontests.py writes; `example`: the
+    statement shows one test (as contest statements do; the tiny code model is trained without)."""
     truth = {"tests": p.tests(num_tests), "language": language, "time_limit_s": 2.0, "memory_limit_mb": 256,
              "float_tolerance": None}
     source = NEW_FAMILIES_SOURCE if p.family in HELD_OUT_FAMILIES else CODE_DATA_SOURCE
+    statement = f"{p.statement}\n{p.example}" if example else p.statement
     return {"data_source": source,
-            "prompt": [{"role": "user", "content": f"{p.statement}\n\n{INSTRUCTIONS[language]}"}],
+            "prompt": [{"role": "user", "content": f"{statement}\n\n{INSTRUCTIONS[language]}"}],
             "ability": "code",
             "reward_model": {"style": "rule", "ground_truth": json.dumps(truth)},
             "extra_info": {"split": split, "index": index, "family": p.family, "key": p.key}}
 
 
 def code_task_rows(n: int, seed: int, split: str, language: str = "python", families: dict | None = None,
-                   num_tests: int = 6) -> list[dict]:
+                   num_tests: int = 6, example: bool = True) -> list[dict]:
     """`n` veRL rows of the split (see `problems`), the prompt asking for `language` ("python" or "cpp")."""
     if language not in INSTRUCTIONS:
         raise ValueError(f"language must be 'python' or 'cpp', got {language!r}")
-    return [to_row(p, language, split, i, num_tests)
+    return [to_row(p, language, split, i, num_tests, example)
             for i, p in enumerate(problems(n, seed, split, families, num_tests))]
