@@ -22,6 +22,10 @@ SEED ?= 0
 smollm2: setup
 	HF_HUB_OFFLINE=1 $(PY) train.py --config recipes/smollm2_cpu.yaml --seed $(SEED) --output_dir runs/smollm2_cpu_seed$(SEED)
 
+# SmolLM2-135M-Instruct learning the built-in code task through GRPO and the sandboxed judge on CPU; SEED=1 for another seed
+code: setup
+	HF_HUB_OFFLINE=1 $(PY) train.py --config recipes/code_cpu.yaml --seed $(SEED) --output_dir runs/code_cpu_seed$(SEED)
+
 test: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
 
