@@ -1,11 +1,11 @@
 """A tiny model that writes programs for the built-in code task, slips included: the code-RL smoke test's policy.
 
     path = tiny_code_model_path()        # built once (minutes: 450 warm-up steps), then cached like the toy
-    python train.py --model_name_or_path tiny-code --train_files data/code_task_train_python.jsonl ...
+    python train.py --model_name_or_path tiny-code --train_files rows.jsonl ...   # as tests/toy/test_code_rl.py
 
 As minirl/toy/tiny.py does for arithmetic, built offline: the same byte-level BPE tokenizer (trained on the
-task's prompts and programs) and 4-layer Qwen2 config, then a short supervised warm-up on the reference Python
-programs of the training families (minirl/toy/code_task.py), answered as a fenced block, with two kinds of slip
+task's prompts and programs) and 4-layer Qwen2 config, then a supervised warm-up on the reference Python
+programs of five training families (minirl/toy/code_task.py), answered as a fenced block, with two kinds of slip
 in a fraction of the targets, each something the judge sees and RL can unlearn:
 - `slip_rate` of the programs are the family's near miss (an off-by-one, a wrong operator, > for >=): WA, the
   reward is the fraction of tests passed, less than 1;
@@ -14,8 +14,10 @@ The warm-up is long enough for the model to learn to copy the statement's parame
 loss drops from a plateau of ~0.15 to ~0.05 around step 350): on held-out parameters it then decodes a right
 program greedily ~60% of the time, and samples the right program, a near miss or a bare program often enough
 that most groups of samples carry a signal for GRPO through the judge.
-It only knows the training families' templates: its held-out score is for new parameters
-(`val/test_score/code_task`), never for the held-out families, which need a real model (recipes/code_cpu.yaml).
+Its rows are code_task_rows(..., families=FAMILIES, example=False): it was warmed up without the statement's
+example line, which the shipped data files carry for real models. It only knows its families' templates: its
+held-out score is for new parameters (`val/test_score/code_task`), never for the held-out families, which need
+a real model (recipes/code_cpu.yaml).
 """
 from __future__ import annotations
 
