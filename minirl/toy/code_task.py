@@ -69,7 +69,7 @@ def _problem(family: str, params: tuple, statement: str, solve, inputs: list[str
                    slip)
 
 
-# --- the families: each (rng, tests) -> Problem ------------------------------------------------------------
+# --- the families: each (rng, k random inputs after its 3 edge cases) -> Problem ---------------------------
 
 def arithmetic(rng: random.Random, k: int) -> Problem:
     """n -> a*n + b (or a*n - b). Slip: b off by one."""
