@@ -24,11 +24,15 @@ class ModelNotFoundError(ConfigError, FileNotFoundError):
 
 
 def resolve_model_path(name: str) -> str:
-    """"tiny" -> the built-in toy model, "smollm2-135m" -> SmolLM2-135M-Instruct converted from its PyPI wheel
-    (each built once, cached); anything else is passed to from_pretrained."""
+    """"tiny" -> the built-in toy model, "tiny-code" -> its sibling for the built-in code task, "smollm2-135m" ->
+    SmolLM2-135M-Instruct converted from its PyPI wheel (each built once, cached); anything else is passed to
+    from_pretrained."""
     if name == "tiny":
         from minirl.toy.tiny import tiny_model_path
         return str(tiny_model_path())
+    if name == "tiny-code":
+        from minirl.toy.tiny_code import tiny_code_model_path
+        return str(tiny_code_model_path())
     if name == "smollm2-135m":
         from minirl.toy.smollm2 import smollm2_path
         try:

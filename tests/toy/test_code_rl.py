@@ -1,0 +1,57 @@
+"""The code-RL smoke test: GRPO through train.py's real path, the real sandboxed judge included, makes the tiny
+code model (minirl/toy/tiny_code.py) better at the built-in code task (minirl/toy/code_task.py).
+
+rows -> rollout -> extraction of the ```python block -> the judge -> the hierarchical reward (-1 no code,
+-0.5 a syntax error, else the fraction of tests passed) -> GRPO update -> held-out `val/test_score/code_task`.
+A break anywhere on that path (a constant reward, an extraction that finds nothing, verdicts that do not reach
+the reward) leaves the reward flat, and the test fails.
+"""
+import json
+import os
+
+import pytest
+
+import train
+from minirl.toy.code_task import code_task_rows
+from minirl.toy.tiny_code import FAMILIES
+
+
+# Not yet in the default suite: from an empty cache the model's build (450 warm-up steps) and the run cost minutes
+# on 2 cores, and the margins below were measured on one build only (issue 30 keeps this open).
+pytestmark = pytest.mark.skipif(os.environ.get("MINIRL_SLOW_TESTS") != "1",
+                                reason="the code-RL smoke test costs minutes from a cold cache: MINIRL_SLOW_TESTS=1")
+
+
+@pytest.fixture(scope="module")
+def tiny_code_path():
+    from minirl.toy.tiny_code import tiny_code_model_path
+    return tiny_code_model_path()
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_grpo_through_the_judge_raises_the_judged_reward_on_the_code_task(tmp_path, tiny_code_path):
+    # the tiny model knows its families' templates, without the statement's example line: held-out rows are
+    # their new parameters
+    train_file = write_rows(tmp_path / "train.jsonl", code_task_rows(400, 1, "train", families=FAMILIES,
+                                                                     num_tests=4, example=False))
+    val_file = write_rows(tmp_path / "val.jsonl", code_task_rows(24, 2, "test", families=FAMILIES, num_tests=4,
+                                                                 example=False))
+    # validation samples (T = 1) as the rollouts do: the warm-up's slips are rarely the greedy choice, so RL's
+    # effect on them shows in the sampled held-out reward, not in greedy decoding
+    result = train.main(["--model_name_or_path", str(tiny_code_path), "--train_files", train_file,
+                         "--val_files", val_file, "--max_steps", "16", "--prompts_per_step", "8",
+                         "--group_size", "4", "--max_new_tokens", "40", "--lr", "2e-4", "--warmup_steps", "1",
+                         "--val_every", "0", "--val_greedy", "false", "--judge_workers", "2",
+                         "--output_dir", str(tmp_path / "run")])
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()][1:]
+    first = sum(r["critic/reward/mean"] for r in rows[:4]) / 4
+    last = sum(r["critic/reward/mean"] for r in rows[-4:]) / 4
+    assert last > first + 0.1, (first, last)
+    assert min(r["critic/reward/min"] for r in rows[:4]) < 0  # the warm-up's slips: no code or a syntax error
+    src = "val/test_score/code_task"
+    assert result["after"][src] > result["before"][src] + 0.1, (result["before"], result["after"])
+    assert all(r["timing_s/reward"] > 0 for r in rows)  # the judge ran in every step

@@ -1,0 +1,82 @@
+"""The built-in code task (minirl/toy/code_task.py): its tests tell right programs from near misses, its splits
+do not overlap, and its rows are the code rows the real reward path reads."""
+import json
+
+import pytest
+
+from conftest import ROOT
+
+from minirl.data import normalise_row
+from minirl.rewards import Scorer
+from minirl.toy.code_task import (HELD_OUT_FAMILIES, NEW_FAMILIES_SOURCE, TRAIN_FAMILIES, code_task_rows,
+                                  problems)
+
+FAMILIES = {**TRAIN_FAMILIES, **HELD_OUT_FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def judge():
+    from minirl.judge import Judge
+    with Judge(2) as j:
+        yield j
+
+
+def fenced(code: str, language: str) -> str:
+    return f"Here is my program.\n```{language}\n{code}```\n"
+
+
+def test_reference_programs_pass_and_near_misses_fail_in_every_family(judge):
+    """Each family's reference program (Python and C++) is accepted on its own tests, and its near miss (an
+    off-by-one, a wrong operator, > for >=) is not: the edge cases among the tests catch it."""
+    probs = [p for name, make in FAMILIES.items() for p in problems(3, 7, "test", {name: make})]
+    jobs = [dict(source=code, language=lang, tests=p.tests(6))
+            for p in probs for lang, code in (("python", p.python), ("cpp", p.cpp), ("python", p.slip))]
+    results = judge.run_many(jobs)
+    for i, p in enumerate(probs):
+        py, cpp, slip = results[3 * i: 3 * i + 3]
+        assert (py.verdict, cpp.verdict) == ("AC", "AC"), (p.key, py.message, cpp.message)
+        assert slip.verdict == "WA", (p.key, slip.verdict)
+        assert any(t["verdict"] != "AC" for t in slip.tests[:3]), p.key  # the 3 edge cases alone reject it
+
+
+def test_held_out_problems_never_occur_in_training():
+    """The test split holds new parameter tuples of the training families and whole families never trained
+    on; no statement of the test split is a training statement."""
+    train = problems(2000, 1, "train")
+    test = problems(96, 2, "test")
+    assert {p.family for p in train} == set(TRAIN_FAMILIES)
+    assert {p.family for p in test} == set(FAMILIES)
+    assert not {p.key for p in train} & {p.key for p in test}
+    assert not {p.statement for p in train} & {p.statement for p in test}
+    assert len({p.key for p in test}) == len(test)  # distinct problems
+
+
+def test_rows_are_code_rows_that_the_scorer_judges(judge):
+    """A row is a veRL code row in prepare_codecontests's format: the scorer extracts the fenced program of the
+    asked language and the judge gives the hierarchical reward (1 right, a fraction for a near miss, -1 no
+    code, -0.5 a syntax error)."""
+    import sys
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from prepare_codecontests import INSTRUCTIONS, to_row
+    rows = code_task_rows(4, 3, "train", "cpp") + code_task_rows(4, 3, "test", "python")
+    reference = to_row({"statement": "s", "tests": [], "time_limit_s": 2.0, "memory_limit_mb": 256,
+                        "float_tolerance": None, "name": "", "rating": None, "default_time_limit": False},
+                       "python", "x", 0, "train")
+    for row in rows:
+        assert normalise_row(row, "rows", 0) is row and row.keys() == reference.keys()
+        truth = json.loads(row["reward_model"]["ground_truth"])
+        assert truth.keys() == json.loads(reference["reward_model"]["ground_truth"]).keys()
+        assert row["prompt"][0]["content"].endswith(INSTRUCTIONS[truth["language"]])
+    probs = problems(4, 3, "train") + problems(4, 3, "test")
+    completions = [fenced(p.cpp if i < 4 else p.python, "cpp" if i < 4 else "python") for i, p in enumerate(probs)]
+    assert Scorer(judge)(completions, rows) == [1.0] * 8
+    py_rows = code_task_rows(4, 3, "test", "python")
+    slips = Scorer(judge)([fenced(p.slip, "python") for p in probs[4:]], py_rows)
+    assert all(r < 1 for r in slips)
+    assert Scorer(judge)(["no code here", fenced("print(", "python")], py_rows[:2]) == [-1.0, -0.5]
+    assert {r["data_source"] for r in code_task_rows(60, 2, "test")} == {"code_task", NEW_FAMILIES_SOURCE}
+
+
+def test_rows_are_a_function_of_the_seed():
+    assert code_task_rows(20, 5, "train") == code_task_rows(20, 5, "train")
+    assert code_task_rows(20, 5, "train") != code_task_rows(20, 6, "train")
