@@ -166,8 +166,13 @@ class Judge:
                     self._start(batch, work, worker)
                     continue
                 k, job = work
-                if (i := job.take()) is not None and job.run(i, worker):
-                    batch.results[k] = self._finish(job, batch.jobs[k])
+                if (i := job.take()) is not None:
+                    last = job.run(i, worker)
+                    if job.left() == 0:        # nothing more of it for this worker: unstage its file
+                        worker.done_with_job()
+                    if last:
+                        batch.results[k] = self._finish(job, batch.jobs[k])
+            worker.done_with_job()             # the batch is over for it (its job's last test went elsewhere)
         finally:
             self._uids.put(uid)
 
