@@ -3,11 +3,12 @@
     argv = PYTHON_ARGV                       # ["python3", "-I", "-c", WRAPPER]: compiles main.py, then runs it
     syntax_error(r)                          # the SyntaxError message if the run was stopped by one, else None
 
-Each test runs `python3 -I -c WRAPPER` in /work, which compiles main.py and, if that raises SyntaxError (or
-ValueError: a NUL byte, or RecursionError and MemoryError of a pathological source), writes MARKER and the error to stderr and exits with SYNTAX_EXIT; otherwise it runs the
-code object in __main__ as `python3 -I main.py` would (`__name__ == "__main__"`, `__file__` /work/main.py,
-sys.argv ["main.py"], no names of its own left behind). The job is CE at the first such test (verdict.py), with no
-test counted. A program that writes the marker and exits 3 itself gets CE: no better than its RE.
+Each test runs `python3 -I -c WRAPPER` in /work, which compiles main.py and, if that raises (SyntaxError,
+ValueError for a NUL byte, RecursionError or MemoryError of a pathological source), writes MARKER and the error
+to stderr and exits with SYNTAX_EXIT; otherwise it runs the code object in __main__ as `python3 -I main.py`
+would (`__name__ == "__main__"`, `__file__` /work/main.py, sys.argv ["main.py"], no names of its own left
+behind). The job is CE at the first such test (verdict.py), with no test counted. A program that writes the
+marker and exits 3 itself gets CE: no better than its RE.
 
 Why not compile() in the judge: CPython's compiler is quadratic in an f-string's replacement fields (100k of
 them: 22 s), and in the judging process it would hold the GIL, and every worker thread with it, for that long.

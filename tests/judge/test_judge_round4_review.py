@@ -172,3 +172,15 @@ def test_a_full_stage_is_a_judge_error_that_leaves_nothing_behind(small_stage, c
         assert is_judge_fault(res) and "staging tmpfs" in res.message and left == [], (res, left)
         res = j.run("a, b = map(int, input().split())\nprint(a + b)\n", "python", AB)
         assert res.verdict == "AC", res
+
+
+# --- finding 15: a socket core_pattern ignores RLIMIT_CORE ------------------------------------------------------
+
+@pytest.mark.parametrize("pattern,warns", [("@/run/systemd/coredump", True), ("|/usr/lib/coredump %P", False),
+                                           ("core", False)], ids=["socket", "pipe", "file"])
+def test_a_socket_core_pattern_is_warned_about(monkeypatch, tmp_path, pattern, warns):
+    import minirl.judge.host as host
+    (tmp_path / "core_pattern").write_text(pattern + "\n")
+    monkeypatch.setattr(host, "CORE_PATTERN", tmp_path / "core_pattern", raising=False)
+    warning = host.core_pattern_warning() if hasattr(host, "core_pattern_warning") else None
+    assert (warning is not None) == warns and (not warns or "socket" in warning), warning
