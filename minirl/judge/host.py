@@ -205,3 +205,20 @@ def lease_uids(n: int) -> UidLease:
     lease.release()
     raise RuntimeError(f"no {n} free sandbox uids in {UID_RANGE.start}-{UID_RANGE.stop - 1}: too many judges "
                        "on this host; use fewer workers")
+
+
+CORE_PATTERN = Path("/proc/sys/kernel/core_pattern")
+
+
+def core_pattern_warning() -> str | None:
+    """A warning if the host's core_pattern sends dumps to a socket ("@..."), which the kernel (6.16 and later)
+    does with RLIMIT_CORE set to infinity: the sandbox's limit of 1 (which stops a "|helper" pipe) does not hold,
+    and a crashing program's memory would reach the socket's root listener. None otherwise."""
+    try:
+        pattern = CORE_PATTERN.read_text().strip()
+    except OSError:
+        return None
+    if not pattern.startswith("@"):
+        return None
+    return (f"kernel.core_pattern is {pattern[:80]!r}, a socket: RLIMIT_CORE=1 does not stop a crashing program's "
+            "dump from reaching it; set a file or '|' pattern on judge hosts")

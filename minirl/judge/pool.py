@@ -41,7 +41,7 @@ from minirl.judge.cgroup import Cgroups
 from minirl.judge.compile import pch_dir
 from minirl.judge.sandbox import Sandbox, isolation_mode
 from minirl.judge.worker_sandbox import WorkerSandbox
-from minirl.judge.host import lease_uids, remove_orphans
+from minirl.judge.host import core_pattern_warning, lease_uids, remove_orphans
 from minirl.judge.verdict import (CXX_FLAGS, LANGUAGES, VERDICTS, Job, JudgeResult, Worker, judge_error,  # noqa: F401
                             finish, judge_job, outputs_match, prepare)
 
@@ -114,6 +114,8 @@ class Judge:
         self.isolation = isolation_mode(self._lease.uids[0])
         if self.isolation in WEAK:
             log.warning("the judge runs in %r mode: %s", self.isolation, WEAK[self.isolation])
+        if warning := core_pattern_warning():
+            log.warning("%s", warning)
         self.cgroups = Cgroups.detect() if cgroups and self.isolation != "rlimits" else None
         self.strict = False  # require_isolation(self, "strict"): refuse what the sandbox cannot hold here
         self._boxes: dict[int, WorkerSandbox] = {}  # uid -> its sandbox, kept open across run_many calls
@@ -166,8 +168,13 @@ class Judge:
                     self._start(batch, work, worker)
                     continue
                 k, job = work
-                if (i := job.take()) is not None and job.run(i, worker):
-                    batch.results[k] = self._finish(job, batch.jobs[k])
+                if (i := job.take()) is not None:
+                    last = job.run(i, worker)
+                    if job.left() == 0:        # nothing more of it for this worker: unstage its file
+                        worker.done_with_job()
+                    if last:
+                        batch.results[k] = self._finish(job, batch.jobs[k])
+            worker.done_with_job()             # the batch is over for it (its job's last test went elsewhere)
         finally:
             self._uids.put(uid)
 

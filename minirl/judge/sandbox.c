@@ -92,7 +92,7 @@ static const int allowed[] = {
     /* files: the run's own tmpfs, the read-only system folders, its descriptors */
     SYS_openat, SYS_newfstatat, SYS_statx, SYS_fstat, SYS_readlinkat, SYS_faccessat, SYS_faccessat2, SYS_getdents64,
     SYS_pread64, SYS_pwrite64, SYS_readv, SYS_writev, SYS_preadv, SYS_pwritev, SYS_dup, SYS_dup3, SYS_pipe2,
-    SYS_close_range, SYS_getcwd, SYS_chdir, SYS_fchdir, SYS_statfs, SYS_fstatfs, SYS_unlinkat, SYS_renameat2,
+    SYS_close_range, SYS_getcwd, SYS_chdir, SYS_fchdir, SYS_unlinkat, SYS_renameat2,
     SYS_mkdirat, SYS_linkat, SYS_symlinkat, SYS_fchmod, SYS_fchmodat, SYS_umask, SYS_ftruncate, SYS_truncate,
     SYS_fsync, SYS_fdatasync, SYS_fallocate, SYS_sendfile, SYS_copy_file_range, SYS_ppoll, SYS_pselect6,
     SYS_epoll_create1, SYS_epoll_ctl, SYS_epoll_pwait, SYS_eventfd2,
@@ -104,11 +104,12 @@ static const int allowed[] = {
     SYS_getegid, SYS_getgroups, SYS_getresuid, SYS_getresgid, SYS_getpgid, SYS_getsid, SYS_setsid, SYS_setpgid,
     SYS_sched_yield, SYS_sched_getaffinity, SYS_sched_getparam, SYS_sched_getscheduler, SYS_sched_getattr,
     SYS_sched_get_priority_max, SYS_sched_get_priority_min, SYS_getpriority, SYS_getcpu, SYS_getrlimit,
+    SYS_getrusage,
     /* time, signals, the machine */
     SYS_clock_gettime, SYS_clock_getres, SYS_clock_nanosleep, SYS_nanosleep, SYS_gettimeofday, SYS_times,
     SYS_setitimer, SYS_getitimer, SYS_rt_sigaction, SYS_rt_sigprocmask, SYS_rt_sigreturn, SYS_rt_sigsuspend,
-    SYS_rt_sigpending, SYS_rt_sigtimedwait, SYS_sigaltstack, SYS_restart_syscall, SYS_uname, SYS_sysinfo,
-    SYS_getrandom,
+    SYS_rt_sigpending, SYS_rt_sigtimedwait, SYS_sigaltstack, SYS_restart_syscall, SYS_uname, SYS_getrandom,
+    SYS_timer_create, SYS_timer_settime, SYS_timer_gettime, SYS_timer_delete, SYS_timer_getoverrun,
 #ifdef __x86_64__  /* the older calls x86-64 still has (aarch64 has only the *at forms above) */
     SYS_open, SYS_stat, SYS_lstat, SYS_access, SYS_readlink, SYS_getdents, SYS_pipe, SYS_dup2, SYS_unlink,
     SYS_rename, SYS_renameat, SYS_mkdir, SYS_rmdir, SYS_link, SYS_symlink, SYS_chmod, SYS_creat, SYS_poll,
@@ -235,7 +236,10 @@ static void install_seccomp(int forks, int create_files) {
 #ifdef __x86_64__
         allow(SYS_fork); allow(SYS_vfork);
 #endif
-        allow(SYS_getrusage);       /* g++'s driver; without forks, the program's own fault counts would be a probe */
+        /* the compiler, checkers, processes=True: sysinfo (g++'s memory heuristics) counts every process on
+         * the host and statfs shows its disks' free space, channels between siblings that a program (no -F)
+         * is not given */
+        allow(SYS_sysinfo); allow(SYS_statfs); allow(SYS_fstatfs);
     }
     ADD(IS(SYS_clone, 0, 5));
     ADD(LD(ARG_LO(0)));                                    /* flags, low half */
@@ -324,7 +328,9 @@ static void build_root(const char *workdir, char **binds, int nbinds, int with_p
  * work/ (the uid's) bound at /work, or -w's folder, and its tmp/ at /tmp; the -b files bound into /work. */
 static void scratch(uid_t uid, const char *tmpfs_mb, int host_work, char **binds, int nbinds) {
     char opts[64], src[4096];
-    snprintf(opts, sizeof opts, "size=%sm,mode=700", tmpfs_mb);
+    /* nr_inodes: an inode (and its dentry, ~1 KiB) is kernel memory size= never counts: 256 a MiB, 1024 at least */
+    long mb = atol(tmpfs_mb);
+    snprintf(opts, sizeof opts, "size=%sm,nr_inodes=%ld,mode=700", tmpfs_mb, mb * 256 < 1024 ? 1024 : mb * 256);
     if (mount("tmpfs", "/.scratch", "tmpfs", MS_NOSUID | MS_NODEV, opts)) die("mount scratch");
     if (mkdir("/.scratch/work", 0700) || chown("/.scratch/work", uid, uid) || mkdir("/.scratch/tmp", 0) ||
         chmod("/.scratch/tmp", 01777))

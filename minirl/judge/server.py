@@ -10,11 +10,9 @@
     # veRL's code reward posts the same JSON to the same URL:
     check_correctness("http://127.0.0.1:8080/run_code", {"inputs": [...], "outputs": [...]}, code, language="cpp")
 
-The schema is SandboxFusion's own (bytedance/SandboxFusion): `RunCodeRequest` / `RunCodeResponse` in
-sandbox/server/sandbox_api.py, `CommandRunResult` (status Finished | Error | TimeLimitExceeded) in
-sandbox/runners/types.py, `SubmitRequest` / `EvalResult` in sandbox/datasets/types.py, the CommonOJ test format
-(`{"input": {"stdin"}, "output": {"stdout"}}`) in sandbox/datasets/common_oj.py. minirl's verdicts are reported
-the way a SandboxFusion runner reports the same run (sandbox/runners/base.py, `parse_run_status`):
+The schema is SandboxFusion's own (bytedance/SandboxFusion: sandbox/server/sandbox_api.py, runners/types.py,
+datasets/types.py, datasets/common_oj.py); verdicts are reported as its runners report the same run
+(sandbox/runners/base.py, `parse_run_status`):
     AC, WA      status Success, run_result Finished, return_code 0, stdout (the caller compares it)
     CE (C++)    status Failed, compile_result Finished with return_code 1 and the compiler's stderr
     CE (Python) status Failed, run_result Finished with return_code 1 (SandboxFusion runs python3 directly)
@@ -24,16 +22,13 @@ the way a SandboxFusion runner reports the same run (sandbox/runners/base.py, `p
 `memory_limit_MB` is optional (the official client drops it, veRL's `call_sandbox_api` sends it): missing or -1
 is --memory-limit-mb, over --max-memory-mb (4096) refused. `compile_timeout` is ignored (the compiler has limits).
 
-POST /submit judges a whole program on all its tests in one `Judge.run_many` job (the pool shares the tests
-of one program between idle workers): `config.provided_data.test` holds the tests, `config.run_timeout` the
-time limit, and `config.extra.minirl` minirl's own settings (`memory_limit_mb`, `float_tolerance`,
-`processes`); the reply is an `EvalResult` with minirl's whole verdict in `extra.minirl` (what
-minirl/judge/remote.py reads).
+POST /submit judges a whole program on all its tests in one `Judge.run_many` job: `config.provided_data.test`
+holds the tests, `config.run_timeout` the time limit, `config.extra.minirl` minirl's own settings (`memory_limit_mb`,
+`float_tolerance`, `processes`); the reply: an `EvalResult`, minirl's verdict in `extra.minirl` (for remote.py).
 
-Left out, with a 400 that says so: languages other than cpp and python, `files`, `fetch_files`, /run_jupyter,
-the dataset endpoints. Nothing here authenticates: the server binds 127.0.0.1 unless told otherwise; put it
-on a private network only. What holds under abuse (connections, deadlines, bodies): server_guard.py. Why the
-standard library, not FastAPI: three JSON endpoints, the work in sandboxed processes; async would buy nothing.
+Left out (400): languages but cpp and python, `files`, `fetch_files`, /run_jupyter, the dataset endpoints.
+Nothing authenticates: it binds 127.0.0.1 unless told otherwise (a private network only). Under abuse:
+server_guard.py. The standard library, not FastAPI: three JSON endpoints, the work in sandboxed processes.
 """
 from __future__ import annotations
 
@@ -222,9 +217,7 @@ def submit_response(res: JudgeResult, job: dict, code: str, sample_id) -> dict:
 # --- the server ------------------------------------------------------------------------------------------
 
 class JudgeServer(BackgroundServer):
-    """SandboxFusion's API from one `Judge` (one thread per connection, at most `max_connections`, each given
-    `request_deadline_s` to send its request: server_guard.py; the judge's pool runs concurrent requests'
-    programs side by side)."""
+    """SandboxFusion's API from one `Judge` (a thread per connection, guarded by server_guard.py)."""
 
     server_class = GuardedHTTPServer
 
@@ -266,6 +259,7 @@ def _handler(server: JudgeServer):
 
         def send_json(self, status: int, obj) -> None:
             data = json.dumps(obj).encode()
+            server.httpd.replying(self.connection)  # a short deadline, and evictable: a slow reader of it
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
@@ -287,6 +281,15 @@ def _handler(server: JudgeServer):
             except RequestError as e:
                 self.close_connection = True             # the body (if any) is not read: nothing after it parses
                 return self.send_json(413, {"detail": str(e)})
+            if not server.httpd.take_body(length):      # the server-wide budget of bodies held: 503, unread
+                self.close_connection = True
+                return self.send_json(503, {"detail": "the server holds its limit of request bodies; retry"})
+            try:
+                self._post(path, length)
+            finally:
+                server.httpd.give_body(length)
+
+        def _post(self, path: str, length: int) -> None:  # the body's bytes are reserved (take_body)
             raw = self.rfile.read(length)
             if len(raw) < length:                        # the deadline (or the client) cut it short
                 self.close_connection = True
@@ -313,8 +316,7 @@ def _handler(server: JudgeServer):
 
 def serve(judge: Judge, host: str = "127.0.0.1", port: int = 8080, memory_limit_mb: int = 1024,
           max_memory_mb: int = MAX_MEMORY_MB, **guard) -> JudgeServer:
-    """Start serving in a background thread (port 0: any free port; see .url). Call .close() to stop. `guard`:
-    max_connections, request_deadline_s."""
+    """Serve in a background thread (port 0: any port; .url); .close() stops. guard: max_connections, ..."""
     return JudgeServer(judge, host, port, memory_limit_mb, max_memory_mb, **guard).start()
 
 
@@ -332,8 +334,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="open connections at most (at the cap, the one idle longest is closed)")
     args = ap.parse_args(argv)
     from minirl.judge.pool import require_isolation
-    # SIGTERM (systemd, docker stop, kill) ends the server as Ctrl-C does: Judge.close then removes its
-    # sandboxes, cgroups and staging folder, which the default action (death) left behind
+    # SIGTERM ends it as Ctrl-C does: Judge.close removes its sandboxes, cgroups and staging folder (death did not)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # room for every connection and the sandboxes' pipes
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

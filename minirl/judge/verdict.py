@@ -26,7 +26,7 @@ from pathlib import Path
 from minirl.judge.cgroup import Cgroups
 from minirl.judge.compare import output_file_matches, outputs_match  # noqa: F401 (re-exported)
 from minirl.judge.compile import MESSAGE_LIMIT, compile_cpp, tail
-from minirl.judge.python_check import python_syntax_check
+from minirl.judge.python_check import PYTHON_ARGV, syntax_error
 from minirl.judge.sandbox import Sandbox, isolation_mode
 from minirl.judge.worker_sandbox import WorkerSandbox
 from minirl.judge.stdio import OUTPUT_LIMIT_BYTES
@@ -157,7 +157,7 @@ class Job:
         finally:
             with self._cond:
                 self.outcomes[i] = outcome
-                if isinstance(outcome, Exception) or outcome[0]["verdict"] == "TLE":
+                if isinstance(outcome, Exception) or outcome[0]["verdict"] in ("TLE", "CE"):
                     self._stopped = True  # the sequential judge stops here: save the cores
                 self._in_flight -= 1
                 self._cond.notify_all()
@@ -189,7 +189,8 @@ def prepare(source: str, language: str, tests: list[dict], time_limit_s: float =
              float_tolerance: float | None = None, checker: dict | None = None,
              cxx_flags: tuple[str, ...] = CXX_FLAGS, *, sandbox: Sandbox,
              processes: bool = False) -> JudgeResult | Job:
-    """Compile or syntax-check `source` and make its run folder: a job ready to run, or its result (CE).
+    """Compile `source` (C++; a Python source is syntax-checked in its first test's run) and make its run folder: a
+    job ready to run, or its result (CE).
     `processes`: the problem needs new processes (fork, subprocess); by default a program is one process (its
     threads included), so that no child can hide its CPU time or hold an address space of its own."""
     language = LANGUAGES[language]
@@ -216,12 +217,9 @@ def prepare(source: str, language: str, tests: list[dict], time_limit_s: float =
                 remove_tree(root)
                 return JudgeResult("CE", 0, len(tests), message=f"source over {PYTHON_SOURCE_LIMIT} characters")
             (own / "main.py").write_text(source)
-            failed = python_syntax_check(own / "main.py", root, sandbox, time_limit_s, memory_limit_mb)
-            if failed:
-                remove_tree(root)
-                return JudgeResult(failed[0], 0, len(tests), message=failed[1][:MESSAGE_LIMIT])
-            # -I (no user site, no environment), not -S: site defines exit() and quit(), which solutions call
-            argv, files = ["python3", "-I", "main.py"], {"main.py": own / "main.py"}
+            # -I (no user site, no environment), not -S: site defines exit() and quit(), which solutions call;
+            # the wrapper compiles main.py first: a syntax error is CE at the first test (python_check.py)
+            argv, files = PYTHON_ARGV, {"main.py": own / "main.py"}
         if checker and checker.get("language", "python").startswith("python"):
             (own / "checker.py").write_text(checker["source"])  # once: tests may run at once and all read it
         return Job(root, tests, argv, files, time_limit_s, memory_limit_mb, float_tolerance, checker, compile_s,
@@ -252,6 +250,12 @@ class Worker:
             box = self.boxes[self.uid] = WorkerSandbox(self.uid, cgroup)
         return box
 
+    def done_with_job(self) -> None:
+        """This worker takes no more tests of the job it ran: its staged file goes (worker_sandbox.py)."""
+        box = self.boxes.get(self.uid)
+        if box is not None and box.alive:
+            box.unstage()
+
 
 def _run_test(job: Job, i: int, worker: Worker) -> tuple[dict, str]:
     """Test `i`'s result and its stderr (for a non-AC verdict). Its files are its own (t{i}.*, c{i}.*, the work
@@ -268,13 +272,17 @@ def _run_test(job: Job, i: int, worker: Worker) -> tuple[dict, str]:
     # not, so past what is returned the test is OLE
     v = _classify(r, job.time_limit_s, job.memory_mb, KEPT_OUTPUT_BYTES if test.get("keep_output") else
                   OUTPUT_LIMIT_BYTES)
+    error = syntax_error(r["returncode"], r["err"]) if v in ("RE", "MLE") and job.argv is PYTHON_ARGV \
+        else None
+    if error is not None:
+        v = "CE"
     if v is None:
         ok = _check(job.checker, test, r["out"], root, i, sandbox) if job.checker else \
             output_file_matches(r["out"], test["output"], job.float_tolerance)
         v = "AC" if ok else "WA"
     result = {"verdict": v, "time_s": round(r["cpu_s"], 4), "wall_s": round(r["wall_s"], 4),
               "memory_mb": None if r["max_rss_mb"] is None else round(r["max_rss_mb"], 1)}
-    message = tail(r["err"]) if v != "AC" else ""
+    message = error if error is not None else tail(r["err"]) if v != "AC" else ""
     if test.get("keep_output"):  # the SandboxFusion endpoint reports the run itself (minirl/judge/server.py)
         result.update(stdout=tail(r["out"], KEPT_OUTPUT_BYTES), stderr=tail(r["err"], KEPT_OUTPUT_BYTES),
                       returncode=r["returncode"])
@@ -306,6 +314,8 @@ def finish(job: Job) -> JudgeResult:
             if isinstance(outcome, Exception):
                 raise outcome
             result, err = outcome
+            if result["verdict"] == "CE":  # the wrapper's syntax check: the job is CE, no test counts
+                return JudgeResult("CE", 0, len(job.tests), message=err[:MESSAGE_LIMIT], compile_s=job.compile_s)
             results.append(result)
             if result["verdict"] == "AC":
                 passed += 1

@@ -11,6 +11,7 @@ holds what both share (limits, stopping a launcher).
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -27,6 +28,11 @@ from minirl.judge.sandbox import (ENV, NPROC, begin_cgroup, cgroup_options, cpu_
 from minirl.judge.stdio import OUTPUT_LIMIT_BYTES, Capture, sealed_input
 
 log = logging.getLogger(__name__)
+STAGE_TRIES = 3                    # copies tried while the staging tmpfs is full, 0.5 s apart
+
+
+class StageFull(OSError):
+    """The staging tmpfs had no room for a program's file: the judge's fault (verdict.py: a judge error)."""
 
 
 class WorkerSandbox:
@@ -78,12 +84,33 @@ class WorkerSandbox:
             self.close()
             raise RuntimeError(f"the staging folder {self._files} was removed; the next run gets a new sandbox")
         if self._staged.get(name) != key:
-            self._staged.pop(name, None)
+            self.unstage()                             # the last job's file first: one file of ours at a time
             tmp = unique_tmp(self._files / name)
-            shutil.copyfile(src, tmp)
+            for attempt in range(STAGE_TRIES):
+                try:
+                    shutil.copyfile(src, tmp)
+                    break
+                except OSError as e:
+                    tmp.unlink(missing_ok=True)        # a failed copy's part would fill the tmpfs for good
+                    if e.errno != errno.ENOSPC:
+                        raise
+                    if attempt == STAGE_TRIES - 1:     # other judges' files: a judge fault, not the program's
+                        raise StageFull(f"the staging tmpfs {self._files.parent} is full ({st.st_size} bytes "
+                                        "to stage): a judge error, not the program's") from e
+                    time.sleep(0.5)                    # their jobs end and unstage theirs
             os.chmod(tmp, 0o755)
             os.replace(tmp, self._files / name)
             self._staged[name] = key
+
+    def unstage(self) -> None:
+        """Remove the staged program files (a job's end: a worker held its last binary, up to 128 MiB, until its
+        next job, and the stage is one tmpfs for every judge on the host)."""
+        for name in list(self._staged):
+            self._staged.pop(name)
+            try:
+                os.unlink(self._files / name)
+            except OSError:
+                pass
 
     def run(self, argv: list[str], file: tuple[str, Path], rundir: Path, name: str, stdin: str, *,
             time_limit_s: float, memory_mb: int, output_limit: int = OUTPUT_LIMIT_BYTES,
