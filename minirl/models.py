@@ -28,11 +28,13 @@ def resolve_model_path(name: str) -> str:
     (each built once, cached); anything else is passed to from_pretrained."""
     if name == "tiny":
         from minirl.toy.tiny import tiny_model_path
-        return str(tiny_model_path())
+        with BUILDING:  # the first call builds it (a from_pretrained elsewhere sets the default dtype meanwhile)
+            return str(tiny_model_path())
     if name == "smollm2-135m":
         from minirl.toy.smollm2 import smollm2_path
         try:
-            return str(smollm2_path())
+            with BUILDING:
+                return str(smollm2_path())
         except FileNotFoundError as e:
             raise ModelNotFoundError(str(e)) from None
     path = Path(name).expanduser()
