@@ -190,10 +190,10 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         clipfrac = masked_mean((clipped_ratio != ratio).float(), mask_f)
     elif kind == "importance_sampling":
         per_token = -ratio * advantages
-        clipfrac = torch.zeros((), device=logp.device)
+        clipfrac = logp.new_zeros(())  # logp.dtype, not the default (another thread may be loading a model)
     elif kind == "cross_entropy":
         per_token = -advantages * logp
-        clipfrac = torch.zeros((), device=logp.device)
+        clipfrac = logp.new_zeros(())
     else:
         raise ValueError(f"unknown policy loss {kind!r}; use ppo, cispo, importance_sampling or cross_entropy")
     loss = aggregate(per_token, mask, agg, max_len=max_len, num_tokens=num_tokens, num_seqs=num_seqs)

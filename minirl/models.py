@@ -29,14 +29,17 @@ def resolve_model_path(name: str) -> str:
     from_pretrained."""
     if name == "tiny":
         from minirl.toy.tiny import tiny_model_path
-        return str(tiny_model_path())
+        with BUILDING:  # the first call builds it (a from_pretrained elsewhere sets the default dtype meanwhile)
+            return str(tiny_model_path())
     if name == "tiny-code":
         from minirl.toy.tiny_code import tiny_code_model_path
-        return str(tiny_code_model_path())
+        with BUILDING:
+            return str(tiny_code_model_path())
     if name == "smollm2-135m":
         from minirl.toy.smollm2 import smollm2_path
         try:
-            return str(smollm2_path())
+            with BUILDING:
+                return str(smollm2_path())
         except FileNotFoundError as e:
             raise ModelNotFoundError(str(e)) from None
     path = Path(name).expanduser()
@@ -185,16 +188,19 @@ def build_policy(path: str, device: torch.device, dtype: torch.dtype, attn_imple
     Precision: trained weights stay fp32 and compute runs in `dtype` (autocast or FSDP's mixed precision), since
     bf16 weights would round away most updates at lr 1e-6. A frozen base (LoRA, quantised) is held in `dtype`;
     peft keeps the adapter in fp32 over it. The adapter is drawn from a generator of its own seeded by `seed`
-    (init_adapter), so every process, and every thread whatever the others draw meanwhile, builds the same one."""
+    (init_adapter), so every process, and every thread whatever the others draw meanwhile, builds the same one;
+    peft's own draws run under fork_rng, so the caller's global random stream is left where it was."""
     frozen_base = bool(lora) or bool(load_in_bits)
     with BUILDING:
         model = load_model(path, dtype if frozen_base else torch.float32, attn_implementation,
                            gradient_checkpointing, load_in_bits)
         model = model if load_in_bits else model.to(device)  # a quantised model is put on its GPU by from_pretrained
         check_exact(model)
-        if lora:
-            model = add_lora(model, lora["rank"], lora["alpha"], lora.get("dropout", 0.0),
-                             lora.get("target_modules", "all-linear"))
+        if lora:  # peft's own init draws from the global generator; init_adapter overwrites what it drew
+            cuda = [d.index or 0 for d in {p.device for p in model.parameters()} if d.type == "cuda"]
+            with torch.random.fork_rng(devices=cuda):  # so the caller's stream is where it was
+                model = add_lora(model, lora["rank"], lora["alpha"], lora.get("dropout", 0.0),
+                                 lora.get("target_modules", "all-linear"))
             init_adapter(model, seed)
     return (model if keep_dropout else disable_dropout(model)).train()
 

@@ -220,7 +220,33 @@ def _stop_criteria(tokenizer, stop: list[str] | None):
 def _generate(model, tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, budgets: torch.Tensor,
               eos_ids: list[int], processors: list, stop: list[str] | None) -> torch.Tensor:
     """Hugging Face generate over the N repeated rows: the path for the models minirl.decode does not take.
-    Each row ends at its own budget (N,). -> (N, R') response ids, rows that ended early padded."""
+    Each row ends at its own budget (N,). -> (N, R') response ids, rows that ended early padded.
+    generate keeps feeding a finished row, so the batch's padded width plus its largest budget must fit the
+    context (else learned positions (GPT-2, OPT) run off their table and dynamic RoPE rescales every row):
+    where they do not, the rows run as groups that fit, one generate each, drawing one generate's noise
+    (minirl/generate_groups.py)."""
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if context is None or prompt_ids.shape[1] + int(budgets.max()) <= context:
+        return _generate_rows(model, tokenizer, prompt_ids, prompt_mask, budgets, eos_ids, processors, stop)
+    from minirl.generate_groups import NoiseSteps, fitting_groups, with_group_noise
+    lengths, parts = prompt_mask.sum(1), []
+    noise = [p for p in processors if isinstance(p, GumbelNoise)]
+    steps = NoiseSteps(prompt_ids.shape[0], noise[0].generator) if noise else None
+    for idx in fitting_groups(lengths.tolist(), budgets.tolist(), context):
+        rows = torch.tensor(idx, dtype=torch.long, device=prompt_ids.device)
+        width = int(lengths[rows].max())  # the group's own padded width
+        parts.append((rows, _generate_rows(model, tokenizer, prompt_ids[rows, -width:], prompt_mask[rows, -width:],
+                                           budgets[rows], eos_ids, with_group_noise(processors, steps, rows, width),
+                                           stop)))
+    out = prompt_ids.new_full((prompt_ids.shape[0], max(p.shape[1] for _, p in parts)), tokenizer.pad_token_id)
+    for rows, part in parts:
+        out[rows, :part.shape[1]] = part
+    return out
+
+
+def _generate_rows(model, tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, budgets: torch.Tensor,
+                   eos_ids: list[int], processors: list, stop: list[str] | None) -> torch.Tensor:
+    """One generate over these rows, each ending at its own budget. -> (n, R') response ids."""
     from transformers import GenerationConfig, StoppingCriteriaList
     max_new_tokens, P = int(budgets.max()), prompt_ids.shape[1]
     # a row whose budget is spent ends as at an EOS (generate then feeds it padding, which make_rollout masks)

@@ -61,8 +61,10 @@ def collate(datums: list, loss_fn: str, pad_id: int, device: torch.device) -> di
         rows.append((x[:s + 1], y[s:].tolist(), {name: v[s:] for name, v in cols.items()}, s, n))
     N, P, R = len(rows), max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
     ids, attn = torch.full((N, P + R), pad_id, dtype=torch.long), torch.zeros(N, P + R, dtype=torch.long)
-    mask = torch.zeros(N, R)
-    cols = {name: torch.zeros(N, R) for name in ("weights",) + RL_INPUTS + ("sequence_ratio_mask",)}
+    # float32 by name: a from_pretrained on another thread sets the default dtype process-wide while it loads
+    mask = torch.zeros(N, R, dtype=torch.float32)
+    cols = {name: torch.zeros(N, R, dtype=torch.float32)
+            for name in ("weights",) + RL_INPUTS + ("sequence_ratio_mask",)}
     for i, (prompt, response, inputs, _, _) in enumerate(rows):
         p, r = len(prompt), len(response)
         ids[i, P - p:P + r] = torch.tensor(prompt + response, dtype=torch.long)

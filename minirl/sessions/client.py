@@ -138,7 +138,7 @@ class TrainingClient:
                 self._step_error = e
                 self.optimizer.zero_grad(set_to_none=True)
             raise
-        totals = all_reduce_sum(torch.tensor(list(metrics.values()), device=self._worker.device)).tolist()
+        totals = all_reduce_sum(torch.tensor([*metrics.values()], dtype=torch.float32, device=self._worker.device)).tolist()
         metrics = {k: v / (world_size() if k.endswith(":mean") else 1) for k, v in zip(metrics, totals)}
         return ForwardBackwardOutput("TensorData", batches.outputs(batch, logp), metrics)
 

@@ -129,11 +129,15 @@ class SamplingClient:
 class SampledTemperatures:
     """Which temperature sampled which sequence, so that an RL loss scores each datum at its own sampling
     temperature whenever its forward_backward runs: the key is the sampled data itself (the tokens and their
-    float32 log-probs, which a datum carries as target_tokens and logprobs), not the order of calls. One per
-    ServiceClient, shared by its samplers (those on saved weights too); it keeps the last `capacity` sequences."""
+    float32 log-probs, which a datum carries as target_tokens and logprobs), not the order of calls. A sample
+    whose log-probs are all 0.0 (a confident one at a low T) is keyed by its tokens alone, found as the datum's
+    last tokens. One per ServiceClient, shared by its samplers (those on saved weights too); it keeps the last
+    `capacity` keys. A datum it does not know takes the one temperature recorded, if there is exactly one and
+    nothing was evicted; otherwise it raises, naming loss_fn_config={'temperature': T}."""
 
     def __init__(self, capacity: int = 1 << 16):
         self.capacity, self._seen, self._lock = capacity, collections.OrderedDict(), threading.Lock()
+        self._zero_lengths, self.evicted = collections.Counter(), False  # lengths of the tokens-only keys
 
     @staticmethod
     def _keys(tokens: torch.Tensor, logprobs: torch.Tensor) -> list[bytes]:
@@ -144,13 +148,33 @@ class SampledTemperatures:
         return [hashlib.blake2b(tokens[a:b].numpy().tobytes() + logprobs[a:b].numpy().tobytes(),
                                 digest_size=16).digest() for a, b in zip(edges[::2], edges[1::2])]
 
+    @staticmethod
+    def _tokens_key(tokens: torch.Tensor) -> tuple:
+        tokens = tokens.detach().cpu().long()
+        return len(tokens), hashlib.blake2b(tokens.numpy().tobytes(), digest_size=16).digest()
+
     def record(self, tokens: torch.Tensor, logprobs: torch.Tensor, temperature: float) -> None:
+        keys = self._keys(tokens, logprobs)
+        if not keys and len(tokens):  # every log-prob is 0.0: the tokens alone
+            keys = [self._tokens_key(tokens)]
         with self._lock:
-            for key in self._keys(tokens, logprobs):
+            for key in keys:
+                if isinstance(key, tuple) and key not in self._seen:
+                    self._zero_lengths[key[0]] += 1
                 self._seen[key] = float(temperature)
                 self._seen.move_to_end(key)
             while len(self._seen) > self.capacity:
-                self._seen.popitem(last=False)
+                key, _ = self._seen.popitem(last=False)
+                self.evicted = True
+                if isinstance(key, tuple):
+                    self._zero_lengths[key[0]] -= 1
+                    self._zero_lengths += collections.Counter()  # drops the lengths at 0
+
+    def _temps(self, tokens: torch.Tensor, logprobs: torch.Tensor) -> set[float]:
+        keys = self._keys(tokens, logprobs)
+        if not keys:  # no log-prob: a tokens-only key of its last n tokens, for each n recorded
+            keys = [self._tokens_key(tokens[len(tokens) - n:]) for n in self._zero_lengths if n <= len(tokens)]
+        return {self._seen[k] for k in keys if k in self._seen}
 
     def of(self, datums: list) -> float:
         """The temperature that sampled these datums; 1 for data no sampler here returned, if none recorded."""
@@ -160,16 +184,18 @@ class SampledTemperatures:
                 inputs = d.loss_fn_inputs
                 if "logprobs" not in inputs or "target_tokens" not in inputs:
                     continue  # collate names what is missing
-                keys = self._keys(tensor_of(inputs["target_tokens"]), tensor_of(inputs["logprobs"]))
-                temps = {self._seen[k] for k in keys if k in self._seen}
+                temps = self._temps(tensor_of(inputs["target_tokens"]), tensor_of(inputs["logprobs"]))
                 found |= temps
                 unknown |= not temps
-            if unknown:  # not sampled here, or long ago: any temperature recorded may be the one
-                found |= set(self._seen.values())
+            recorded, evicted = set(self._seen.values()), self.evicted
+        if unknown and (evicted or len(recorded | found) > 1):
+            raise ValueError("this batch holds samples this server did not return, or no longer remembers "
+                             f"(temperatures recorded: {sorted(recorded)}): pass the temperature that sampled "
+                             "them as loss_fn_config={'temperature': T}")
+        found |= recorded if unknown else set()
         if len(found) > 1:
-            raise ValueError(f"this batch holds samples of temperatures {sorted(found)}, or samples this server "
-                             "did not return: send one forward_backward per temperature, or pass the one that "
-                             "sampled it as loss_fn_config={'temperature': T}")
+            raise ValueError(f"this batch holds samples of temperatures {sorted(found)}: send one forward_backward "
+                             "per temperature, or pass the one that sampled it as loss_fn_config={'temperature': T}")
         return next(iter(found), 1.0)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from minirl.sessions.worker import Future, SessionError, _Worker  # noqa: F401  (re-exported)
@@ -218,9 +219,13 @@ def tokens_of(x) -> list[int]:
 
 
 def tensor_of(x) -> torch.Tensor:
-    """A TensorData (ours or the SDK's), a tensor, an array or a list, as a flat tensor."""
+    """A TensorData (ours or the SDK's), a tensor, an array or a list, as a flat tensor; a list of floats as
+    float32 by name (a from_pretrained on another thread sets the default dtype process-wide while it loads)."""
     if hasattr(x, "to_torch"):
         x = x.to_torch()
+    if isinstance(x, (list, tuple)):
+        x = np.asarray(x)
+        x = x.astype(np.float32) if x.dtype.kind == "f" else x
     return torch.as_tensor(x).reshape(-1)
 
 

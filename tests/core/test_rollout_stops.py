@@ -1,6 +1,7 @@
 """Where a row ends: at the token completing a stop string as generation saw it (special tokens, stops that start
 in the prompt), at its own new-token budget whatever the batch's padded width, on both decode paths (minirl's
-loop and Hugging Face generate); and seeded sampling that draws from its own generator only.
+loop and Hugging Face generate); seeded sampling that draws from its own generator only; and generate's rows
+run in groups that fit the context where the padded width plus a budget would not (GPT-2, dynamic RoPE).
 
 The random tiny model is steered by a forward hook that adds to chosen logits (`steer`), so that a row emits a
 given token after a given input token: the tests do not depend on what a random model happens to say."""
@@ -98,3 +99,46 @@ def test_falcon_with_alibi_samples_in_the_decode_loop_as_generate_does(tiny_toke
     monkeypatch.setattr(rollout, "shares_prompts", lambda model, prompt_tokens: False)
     generated = sample(model, tiny_tokenizer, prompts, 3, 5, generator=torch.Generator().manual_seed(0))
     assert looped.response_ids.tolist() == generated.response_ids.tolist() and looped.response_mask.sum() > 6
+
+
+def _rows_alone_and_batched(model, tokenizer, prompts, max_new_tokens):
+    both = sample(model, tokenizer, prompts, 1, max_new_tokens, greedy=True)
+    alone = [sample(model, tokenizer, [p], 1, max_new_tokens, greedy=True) for p in prompts]
+    row = lambda r, i: r.response_ids[i, :int(r.response_mask[i].sum())].tolist()  # noqa: E731
+    return [row(both, i) for i in range(len(prompts))], [row(a, 0) for a in alone]
+
+
+@pytest.mark.filterwarnings("ignore:max_new_tokens")
+def test_generate_past_the_context_learned_positions_each_row_as_alone(tiny_tokenizer, monkeypatch):
+    """GPT-2 (learned positions, 24 of them) on the generate path: padded width 18 + the short row's budget 12
+    passes the context; the rows run in groups that fit, not into an IndexError, each row as it does alone."""
+    import transformers
+    monkeypatch.setattr(rollout, "shares_prompts", lambda model, prompt_tokens: False)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=len(tiny_tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=24, eos_token_id=2,
+        pad_token_id=0, bos_token_id=1)).eval()
+    steer(model, banned=(2,))
+    batched, alone = _rows_alone_and_batched(model, tiny_tokenizer, [[272, 270, 31], [272, 270] * 9], 12)
+    assert [len(r) for r in batched] == [12, 6] and batched == alone
+
+
+@pytest.mark.filterwarnings("ignore:max_new_tokens")
+def test_generate_past_the_context_dynamic_rope_short_row_as_alone(tiny_tokenizer):
+    """A dynamic-RoPE Qwen2 (the generate path; context 24): the short row's tokens and logits do not depend on
+    the long row next to it (finished rows fed past the context would rescale every row's frequencies)."""
+    import transformers
+    cfg = transformers.Qwen2Config(
+        vocab_size=len(tiny_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=24, eos_token_id=2, pad_token_id=0,
+        rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0}, initializer_range=0.5)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(cfg).eval()
+    assert not rollout.shares_prompts(model, 18)
+    steer(model, banned=(2,))
+    seen = []  # row 0's last logits at each forward: the short row's, first (its group runs first, or it is row 0)
+    model.register_forward_hook(lambda m, a, kw, out: seen.append(out.logits[0, -1].clone()), with_kwargs=True)
+    batched, alone = _rows_alone_and_batched(model, tiny_tokenizer, [[272, 270, 31], [272, 270] * 9], 12)
+    assert [len(r) for r in batched] == [12, 6] and batched == alone
+    # a forward per new token: the batched call's first 12, then the short row alone (12), then the long (6)
+    assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(seen[:12], seen[-18:-6], strict=True))
