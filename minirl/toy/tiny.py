@@ -141,6 +141,11 @@ def write_tiny(folder: Path, warmup_steps: int = 200, seed: int = 0) -> None:
     tokenizer = build_tokenizer(texts)
     model = build_model(len(tokenizer), seed, tokenizer.eos_token_id, tokenizer.pad_token_id)
     supervised_warmup(model, tokenizer, train_rows, steps=warmup_steps, seed=seed)
+    save_built(model, tokenizer, folder)
+
+
+def save_built(model, tokenizer, folder: Path) -> None:
+    """A built model and its tokenizer as a `from_pretrained` folder, generation stopping at the tokenizer's EOS."""
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(folder)

@@ -29,7 +29,7 @@ import torch
 
 from minirl.toy.cache import build_in_fixed_env, cached_model
 from minirl.toy.code_task import TRAIN_FAMILIES, Problem, problems, to_row
-from minirl.toy.tiny import build_model, build_tokenizer
+from minirl.toy.tiny import build_model, build_tokenizer, save_built
 
 NAME = "tiny-code"
 # the families it is warmed up on (strings left out: a 4-layer model learns to copy a letter far slower)
@@ -96,10 +96,7 @@ def write_tiny_code(folder: Path, warmup_steps: int = 450, seed: int = 0, slip_r
     tokenizer = build_tokenizer(texts, vocab_size=768)
     model = build_model(len(tokenizer), seed, tokenizer.eos_token_id, tokenizer.pad_token_id)
     supervised_warmup(model, tokenizer, examples, steps=warmup_steps, seed=seed)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    save_built(model, tokenizer, folder)
 
 
 def tiny_code_model_path() -> Path:

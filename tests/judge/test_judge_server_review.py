@@ -3,13 +3,12 @@ their replies that locked honest clients out, and request bodies bounded only by
 import json
 import socket
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
 from minirl.judge import Judge
 from minirl.judge.server import serve
+from test_judge_server_abuse import post as post_url
 
 
 @pytest.fixture(scope="module")
@@ -26,13 +25,7 @@ def server(judge):
 
 
 def post(server, body: bytes, timeout: float = 60) -> tuple[int, dict]:
-    req = urllib.request.Request(f"http://{server.host}:{server.port}/run_code", body,
-                                 {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return post_url(f"http://{server.host}:{server.port}/run_code", body, timeout)
 
 
 def run_code(code: str, stdin: str = "") -> bytes:
