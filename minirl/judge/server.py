@@ -41,7 +41,7 @@ from http.server import BaseHTTPRequestHandler
 
 from minirl.http_server import BackgroundServer
 from minirl.judge import Judge, JudgeResult
-from minirl.judge.server_guard import GuardedHTTPServer, RequestError, content_length, parse_body
+from minirl.judge.server_guard import GuardedHTTPServer, RequestError, content_length, discard, parse_body
 
 MAX_BODY_BYTES = 256 << 20         # a program and its tests (CodeContests problems carry MBs of tests)
 LANGUAGES = ("cpp", "python")      # SandboxFusion's names for the two languages minirl judges
@@ -266,6 +266,12 @@ def _handler(server: JudgeServer):
             self.end_headers()
             self.wfile.write(data)
 
+        def refuse(self, status: int, detail: str) -> None:
+            """Answer without keeping the body, then close (server_guard.discard says why it is drained)."""
+            self.close_connection = True
+            self.send_json(status, {"detail": detail})
+            discard(self.rfile, self.connection, self.headers.get("Content-Length"))
+
         def do_GET(self):
             server.httpd.working(self.connection)
             if self.path.rstrip("/") == "/v1/ping":
@@ -278,12 +284,10 @@ def _handler(server: JudgeServer):
                 if "Transfer-Encoding" in self.headers:  # its body would be read as the next request
                     raise RequestError("send the body with a Content-Length, not a Transfer-Encoding")
                 length = content_length(self.headers.get("Content-Length"), MAX_BODY_BYTES)
-            except RequestError as e:
-                self.close_connection = True             # the body (if any) is not read: nothing after it parses
-                return self.send_json(413, {"detail": str(e)})
+            except RequestError as e:                   # the body (if any) is not read: nothing after it parses
+                return self.refuse(413, str(e))
             if not server.httpd.take_body(length):      # the server-wide budget of bodies held: 503, unread
-                self.close_connection = True
-                return self.send_json(503, {"detail": "the server holds its limit of request bodies; retry"})
+                return self.refuse(503, "the server holds its limit of request bodies; retry")
             try:
                 self._post(path, length)
             finally:

@@ -25,6 +25,9 @@ Why each:
   RecursionError.
 - Bodies: every one is read whole into memory and held while it is judged, so the bound was max_connections x
   256 MiB. A server-wide budget (`body_budget_bytes`, 1 GiB) is reserved before a body is read; past it: 503.
+- Refusals (413, 503) are sent before the body is read. Closing a socket with unread data resets it, and a
+  client still sending its body loses the reply (urllib raises BrokenPipeError, not the 503): `discard` drains
+  the declared body into no buffer, at most DISCARD_BYTES and 2 s, then closes (Apache's "lingering close").
 - Replies: a client that reads its reply slowly, or never, held its connection as "being judged" for ever (4 at
   --max-connections 4 locked honest clients out). Writing a reply has `reply_deadline_s` (10 s), and a
   connection writing one is evictable at the cap like one reading its request.
@@ -40,6 +43,7 @@ import threading
 import time
 from http.server import ThreadingHTTPServer
 
+DISCARD_BYTES = 16 << 20           # drained after a refusal so that the client reads it (a bigger body: reset)
 MAX_JSON_ITEMS = 1 << 20           # separators in a body: ~1M values (~100 MiB as Python objects) at most
 _STARTS_AN_OBJECT = re.compile(rb"[ \t\r\n]*\{")
 _DIGITS = re.compile(r"[0-9]{1,12}")
@@ -58,6 +62,22 @@ def content_length(value: str | None, limit: int) -> int:
     if not _DIGITS.fullmatch(value.strip()) or int(value) > limit:
         raise RequestError(f"Content-Length must be a byte count <= {limit}, got {value[:40]!r}")
     return int(value)
+
+
+def discard(rfile, sock: socket.socket, declared: str | None) -> None:
+    """Read and drop up to the declared body (at most DISCARD_BYTES) for at most 2 s, so that a refused
+    client reads its reply before the socket closes."""
+    left = min(int(declared.strip()) if declared and _DIGITS.fullmatch(declared.strip()) else 0, DISCARD_BYTES)
+    end = time.monotonic() + 2.0
+    try:
+        sock.settimeout(1.0)
+        while left > 0 and time.monotonic() < end:
+            chunk = rfile.read1(min(left, 1 << 16))
+            if not chunk:
+                break
+            left -= len(chunk)
+    except OSError:                                # timeout, reset: the client is gone or too slow; close
+        pass
 
 
 def parse_body(raw: bytes) -> dict:
