@@ -10,10 +10,10 @@
                                                      rows are judged in one batch. build_scorer(cfg, judge)
                                                      makes the run's scorer from its config.
 
-The reward for a row is chosen by `data_source` (as veRL's default_compute_score does): anything naming
-gsm8k, and the built-in toy task, uses gsm8k_reward; the MATH family (math, math500, aime, amc, custom
-SimpleRL rows) uses math_reward; rows with `ability: code` are judged. Unknown sources raise: a silent 0
-reward would train on nothing.
+The reward for a row is chosen by its exact `data_source` name (REWARD_KINDS, as veRL's default_compute_score
+does): GSM8K and the built-in arithmetic tasks use gsm8k_reward; the MATH family (MATH, MATH-500, AIME, AMC,
+SimpleRL's custom rows) uses math_reward; rows with `ability: code` are judged. Unknown sources raise: a silent
+wrong or 0 reward would train on nothing.
 
 Code reward styles (`code_reward_style`):
 - "codefu", as the CodeFu write-up describes: -1 no extractable code, -0.5 compile error, 0 if any test
@@ -199,15 +199,25 @@ def overlong_penalty(lengths: list[int], max_new_tokens: int, buffer: int, penal
 
 # --- the scorer: one reward interface ---------------------------------------------------------------------
 
+# Which built-in verifier scores a data_source: exact names, as veRL's default_compute_score matches them
+# (verl/utils/reward_score/__init__.py: "openai/gsm8k", the MATH names), plus minirl's own datasets. A
+# substring rule sent "my_custom_code" and "aftermath" to the math verifier: a wrong reward, silently.
+REWARD_KINDS = {
+    "openai/gsm8k": "gsm8k", "gsm8k": "gsm8k",
+    "toy_arithmetic": "gsm8k", "arithmetic": "gsm8k",      # minirl/toy/tiny.py, scripts/make_sums_data.py
+    "lighteval/MATH": "math", "DigitalLearningGmbH/MATH-lighteval": "math", "HuggingFaceH4/MATH-500": "math",
+    "math": "math", "math500": "math", "aime24": "math", "aime25": "math", "amc23": "math",
+    "simplerl_custom": "math",                             # minirl/data.py: SimpleRL's {"instruction", ...} rows
+}
+
+
 def reward_kind(data_source: str) -> str:
-    """Which built-in verifier scores a dataset, by its veRL `data_source` name: "gsm8k" or "math"."""
-    src = data_source.lower()
-    if "gsm8k" in src or src in ("toy_arithmetic", "arithmetic"):  # arithmetic: scripts/make_sums_data.py
-        return "gsm8k"
-    if any(k in src for k in ("math", "aime", "amc", "simplerl", "custom")):
-        return "math"
-    raise ValueError(f"no reward function for data_source {data_source!r}: name it like 'openai/gsm8k' or "
-                     "'math500', or add a line to minirl/rewards.py:reward_kind")
+    """Which built-in verifier scores a dataset, by its exact veRL `data_source` name: "gsm8k" or "math"."""
+    if data_source not in REWARD_KINDS:
+        raise ValueError(f"no built-in reward for data_source {data_source!r}: use one of {sorted(REWARD_KINDS)}, "
+                         "mark code rows with ability: code (judged), pass --reward_fn path.py:function, or add "
+                         "the name to minirl/rewards.py:REWARD_KINDS")
+    return REWARD_KINDS[data_source]
 
 
 def reward_fn_for(data_source: str) -> Callable[..., float]:

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from minirl.data import GSM8K_SOURCE
+from minirl.data import GSM8K_SOURCE, MATH_SOURCE
 from conftest import shared_file
 from minirl.rewards import extract_gsm8k_answer, gsm8k_reward, last_boxed, math_reward, reward_fn_for, score
 
@@ -71,8 +71,11 @@ def test_reward_dispatch_by_data_source():
     assert reward_fn_for(GSM8K_SOURCE) is gsm8k_reward
     assert reward_fn_for("toy_arithmetic") is gsm8k_reward
     assert reward_fn_for("math500") is math_reward
-    with pytest.raises(ValueError, match="no reward function"):
-        reward_fn_for("mystery")
+    assert reward_fn_for(MATH_SOURCE) is math_reward
+    # exact names: a name that merely contains "math" or "gsm8k" is not guessed (it used to be)
+    for unknown in ("mystery", "my_custom_code", "aftermath", "gsm8k_v2"):
+        with pytest.raises(ValueError, match="no built-in reward for data_source .*REWARD_KINDS"):
+            reward_fn_for(unknown)
     rows = [{"data_source": GSM8K_SOURCE, "reward_model": {"ground_truth": "3"}},
             {"data_source": "math500", "reward_model": {"ground_truth": "3"}}]
     assert score(["#### 3", r"\boxed{4}"], rows) == [1.0, 0.0]
