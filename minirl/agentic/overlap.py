@@ -31,7 +31,7 @@ from dataclasses import dataclass
 class Group:
     ticket: int                 # start order: the trainer takes groups in this order
     problem: dict
-    episodes: list              # minirl.episodes.Episode
+    episodes: list              # minirl.agentic.episodes.Episode
     policy_version: int         # of the weights that sampled the first turn (the oldest tokens in the group)
 
 
