@@ -225,6 +225,11 @@ def reward_fn_for(data_source: str) -> Callable[..., float]:
     return {"gsm8k": gsm8k_reward, "math": math_reward}[reward_kind(data_source)]
 
 
+# what Scorer.details says of a judged completion: the judge's verdicts (minirl/judge/verdict.py: VERDICTS,
+# equal by test) and "no code" when no program was extracted
+CODE_VERDICTS = ("AC", "WA", "TLE", "MLE", "RE", "CE", "OLE", "no code")
+
+
 def is_code(row: dict) -> bool:
     return row.get("ability") == "code"
 

@@ -20,7 +20,7 @@ import torch
 from minirl.config import Config
 from minirl.data import prompt_indices, prompt_text
 from minirl.distributed import gathered, global_max, global_min, sum_over_processes
-from minirl.rewards import Scorer, overlong_penalty
+from minirl.rewards import CODE_VERDICTS, Scorer, overlong_penalty
 from minirl.rollout import Rollout, concat_rollouts, sample, select_groups
 
 
@@ -33,17 +33,23 @@ def timed(name: str, timing: dict[str, float]):
 
 
 def sample_round(policy, tokenizer, rows: list[dict], scorer: Scorer, cfg: Config, timing: dict[str, float],
-                 generate: Callable | None = None) -> tuple[Rollout, torch.Tensor]:
+                 generate: Callable | None = None, verdicts: dict[str, int] | None = None
+                 ) -> tuple[Rollout, torch.Tensor]:
     """gen and reward once: G completions for each row, and their rewards (N,). `generate` has rollout.sample's
-    signature (the vLLM engine's sample, minirl/engines); None: rollout.sample."""
+    signature (the vLLM engine's sample, minirl/engines); None: rollout.sample. `verdicts`: the judge's verdict
+    of each judged completion ("no code" when none was extracted) is counted into it."""
     with timed("gen", timing), gathered(policy):  # FSDP: full weights once per rollout, not per token
         rollout = (generate or sample)(policy, tokenizer, [prompt_text(r, tokenizer) for r in rows],
                                        cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
     with timed("reward", timing):
-        rewards = torch.tensor(scorer(rollout.texts, [r for r in rows for _ in range(cfg.group_size)]))
+        details = scorer.details(rollout.texts, [r for r in rows for _ in range(cfg.group_size)])
+        rewards = torch.tensor([d["reward"] for d in details])
         if cfg.overlong_buffer:  # DAPO's soft overlong punishment
             rewards += torch.tensor(overlong_penalty(rollout.response_mask.sum(1).tolist(), cfg.max_new_tokens,
                                                      cfg.overlong_buffer, cfg.overlong_penalty))
+    for d in details if verdicts is not None else ():
+        if "verdict" in d:
+            verdicts[d["verdict"]] = verdicts.get(d["verdict"], 0) + 1
     return rollout, rewards.float()
 
 
@@ -57,18 +63,26 @@ def sample_and_score(policy, tokenizer, train_rows: list[dict], scorer: Scorer, 
     process runs the same number of rounds and trains the same number of groups (the most any process kept),
     because the update's collectives (gradient sums, FSDP's gathers) need as many passes everywhere: a process
     that kept fewer adds padding groups, copies with an empty response mask (no token, no loss, no gradient).
-    Returns (rollout, rows, rewards (N,), new position in the prompt stream, metrics).
+    Returns (rollout, rows, rewards (N,), new position in the prompt stream, metrics). With a judge, the
+    metrics count the verdicts of every completion sampled (dropped groups too), summed over processes:
+    `critic/verdict/AC`, ..., `critic/verdict/no code`.
     """
     B, G = cfg.prompts_per_step, cfg.group_size
+    verdicts: dict[str, int] = {}
 
     def next_prompts(position: int) -> tuple[list[dict], int]:  # this process's slice; all processes advance
         rows = [train_rows[i] for i in prompt_indices(position + rank * B, B, len(train_rows), cfg.seed)]
         return rows, position + B * world
 
+    def counted() -> dict[str, float]:  # the same keys on every process (the sum is a collective)
+        if scorer.judge is None or scorer.reward_fn is not None:
+            return {}
+        return sum_over_processes({f"critic/verdict/{v}": verdicts.get(v, 0) for v in CODE_VERDICTS})
+
     rows, position = next_prompts(position)
-    rollout, rewards = sample_round(policy, tokenizer, rows, scorer, cfg, timing, generate)
+    rollout, rewards = sample_round(policy, tokenizer, rows, scorer, cfg, timing, generate, verdicts)
     if not cfg.dynamic_sampling:
-        return rollout, rows, rewards, position, {}
+        return rollout, rows, rewards, position, counted()
     parts, kept_rows, kept_rewards, rounds = [], [], [], 1
     while True:
         keep = [g for g in range(B) if rewards[g * G:(g + 1) * G].std() > 0][:B - len(kept_rows)]
@@ -78,7 +92,7 @@ def sample_and_score(policy, tokenizer, train_rows: list[dict], scorer: Scorer, 
         if global_min(len(kept_rows)) == B or rounds >= cfg.max_sampling_rounds:
             break
         rows, position = next_prompts(position)
-        rollout, rewards = sample_round(policy, tokenizer, rows, scorer, cfg, timing, generate)
+        rollout, rewards = sample_round(policy, tokenizer, rows, scorer, cfg, timing, generate, verdicts)
         rounds += 1
     kept = len(kept_rows)
     padding = max(int(global_max(kept)), 1) - kept
@@ -90,7 +104,7 @@ def sample_and_score(policy, tokenizer, train_rows: list[dict], scorer: Scorer, 
         kept_rewards.append(torch.zeros(padding * G))
     rollout, rewards = concat_rollouts(parts, tokenizer.pad_token_id), torch.cat(kept_rewards)
     metrics = sum_over_processes({"batch/groups": kept, "batch/groups_dropped": rounds * B - kept})
-    return rollout, kept_rows, rewards, position, {**metrics, "batch/sampling_rounds": rounds}
+    return rollout, kept_rows, rewards, position, {**metrics, "batch/sampling_rounds": rounds, **counted()}
 
 
 def train_batch(rollout: Rollout, mask_truncated: bool, device: torch.device) -> dict[str, torch.Tensor]:

@@ -38,6 +38,17 @@ INSTRUCTIONS = {
     "python": "Solve the problem in Python 3. Read from standard input, write to standard output. "
               "Put your complete program in one ```python code block at the end of your answer.",
 }
+# One solved problem before the real one, as a chat turn (a one-shot prompt): SmolLM2-135M-Instruct otherwise
+# calls its function on the example's constants and prints a sentence. Measured on 24 held-out problems, 8
+# samples at T = 0.7: without it 0 of 192 programs pass (31 read the input); with a shot 9 of 192 pass and
+# 87 read it. Its problem (a remainder) belongs to no family, so it solves none of the rows.
+SHOT = "Read two integers a and b on one line. Print the remainder of a divided by b.\nExample: for the input\n17 5\n" \
+       "the output is\n2"
+SHOT_ANSWERS = {
+    "python": "```python\na, b = map(int, input().split())\nprint(a % b)\n```",
+    "cpp": "```cpp\n#include <bits/stdc++.h>\nusing namespace std;\n\nint main() {\n    long long a, b;\n"
+           "    cin >> a >> b;\n    cout << a % b << endl;\n    return 0;\n}\n```",
+}
 CPP = "#include <bits/stdc++.h>\nusing namespace std;\n\nint main() {{\n{body}\n    return 0;\n}}\n"
 
 
@@ -246,24 +257,29 @@ def problems(n: int, seed: int, split: str, families: dict | None = None, num_te
     return out
 
 
-def to_row(p: Problem, language: str, split: str, index: int, num_tests: int = 6, example: bool = True) -> dict:
+def to_row(p: Problem, language: str, split: str, index: int, num_tests: int = 6, example: bool = True,
+           shot: bool = True) -> dict:
     """The veRL code row of a problem, in the format scripts/prepare_codecontests.py writes; `example`: the
-    statement shows one test (as contest statements do; the tiny code model is trained without)."""
+    statement shows one test (as contest statements do); `shot`: the SHOT problem and its answer come first
+    (the tiny code model is trained with neither)."""
     truth = {"tests": p.tests(num_tests), "language": language, "time_limit_s": 2.0, "memory_limit_mb": 256,
              "float_tolerance": None}
     source = NEW_FAMILIES_SOURCE if p.family in HELD_OUT_FAMILIES else CODE_DATA_SOURCE
     statement = f"{p.statement}\n{p.example}" if example else p.statement
-    return {"data_source": source,
-            "prompt": [{"role": "user", "content": f"{statement}\n\n{INSTRUCTIONS[language]}"}],
+    prompt = [{"role": "user", "content": f"{statement}\n\n{INSTRUCTIONS[language]}"}]
+    if shot:
+        prompt = [{"role": "user", "content": f"{SHOT}\n\n{INSTRUCTIONS[language]}"},
+                  {"role": "assistant", "content": SHOT_ANSWERS[language]}] + prompt
+    return {"data_source": source, "prompt": prompt,
             "ability": "code",
             "reward_model": {"style": "rule", "ground_truth": json.dumps(truth)},
             "extra_info": {"split": split, "index": index, "family": p.family, "key": p.key}}
 
 
 def code_task_rows(n: int, seed: int, split: str, language: str = "python", families: dict | None = None,
-                   num_tests: int = 6, example: bool = True) -> list[dict]:
+                   num_tests: int = 6, example: bool = True, shot: bool = True) -> list[dict]:
     """`n` veRL rows of the split (see `problems`), the prompt asking for `language` ("python" or "cpp")."""
     if language not in INSTRUCTIONS:
         raise ValueError(f"language must be 'python' or 'cpp', got {language!r}")
-    return [to_row(p, language, split, i, num_tests, example)
+    return [to_row(p, language, split, i, num_tests, example, shot)
             for i, p in enumerate(problems(n, seed, split, families, num_tests))]

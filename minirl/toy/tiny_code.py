@@ -14,8 +14,8 @@ The warm-up is long enough for the model to learn to copy the statement's parame
 loss drops from a plateau of ~0.15 to ~0.05 around step 350): on held-out parameters it then decodes a right
 program greedily ~60% of the time, and samples the right program, a near miss or a bare program often enough
 that most groups of samples carry a signal for GRPO through the judge.
-Its rows are code_task_rows(..., families=FAMILIES, example=False): it was warmed up without the statement's
-example line, which the shipped data files carry for real models. It only knows its families' templates: its
+Its rows are code_task_rows(..., families=FAMILIES, example=False, shot=False): it was warmed up without the
+statement's example line and the solved problem before it, which the shipped data files carry for real models. It only knows its families' templates: its
 held-out score is for new parameters (`val/test_score/code_task`), never for the held-out families, which need
 a real model (recipes/code_cpu.yaml).
 """
@@ -49,7 +49,7 @@ def warmup_examples(n: int, seed: int, slip_rate: float, no_fence_rate: float) -
     out = []
     for i, p in enumerate(problems(n, seed, "train", FAMILIES)):
         u = rng.random()
-        out.append((to_row(p, "python", "warmup", i, example=False), answer(p, slip=u < slip_rate,
+        out.append((to_row(p, "python", "warmup", i, example=False, shot=False), answer(p, slip=u < slip_rate,
                                                             fence=not slip_rate <= u < slip_rate + no_fence_rate)))
     return out
 

@@ -109,6 +109,7 @@ def test_code_recipe_trains_on_prepared_problems_with_the_tiny_model(tmp_path, t
                 "--output_dir", str(tmp_path / "run")])
     metrics = read_metrics(tmp_path / "run")
     assert len(metrics) == 2 and metrics[0]["critic/reward/mean"] == -1.0  # the toy model writes no code
+    assert metrics[0]["critic/verdict/no code"] == 4 and metrics[0]["critic/verdict/AC"] == 0
 
 
 def test_kl_in_reward_with_grpo_folds_the_kl_into_the_sequence_rewards(random_model, tiny_tokenizer, tiny_path):

@@ -37,9 +37,9 @@ def test_grpo_through_the_judge_raises_the_judged_reward_on_the_code_task(tmp_pa
     # the tiny model knows its families' templates, without the statement's example line: held-out rows are
     # their new parameters
     train_file = write_rows(tmp_path / "train.jsonl", code_task_rows(400, 1, "train", families=FAMILIES,
-                                                                     num_tests=4, example=False))
+                                                                     num_tests=4, example=False, shot=False))
     val_file = write_rows(tmp_path / "val.jsonl", code_task_rows(24, 2, "test", families=FAMILIES, num_tests=4,
-                                                                 example=False))
+                                                                 example=False, shot=False))
     # validation samples (T = 1) as the rollouts do: the warm-up's slips are rarely the greedy choice, so RL's
     # effect on them shows in the sampled held-out reward, not in greedy decoding
     result = train.main(["--model_name_or_path", str(tiny_code_path), "--train_files", train_file,

@@ -66,7 +66,7 @@ def test_rows_are_code_rows_that_the_scorer_judges(judge):
         assert normalise_row(row, "rows", 0) is row and row.keys() == reference.keys()
         truth = json.loads(row["reward_model"]["ground_truth"])
         assert truth.keys() == json.loads(reference["reward_model"]["ground_truth"]).keys()
-        assert row["prompt"][0]["content"].endswith(INSTRUCTIONS[truth["language"]])
+        assert row["prompt"][-1]["content"].endswith(INSTRUCTIONS[truth["language"]])
     probs = problems(4, 3, "train") + problems(4, 3, "test")
     completions = [fenced(p.cpp if i < 4 else p.python, "cpp" if i < 4 else "python") for i, p in enumerate(probs)]
     assert Scorer(judge)(completions, rows) == [1.0] * 8
@@ -77,6 +77,50 @@ def test_rows_are_code_rows_that_the_scorer_judges(judge):
     assert {r["data_source"] for r in code_task_rows(60, 2, "test")} == {"code_task", NEW_FAMILIES_SOURCE}
 
 
+def test_the_one_shot_is_a_right_answer_to_a_problem_of_no_family(judge):
+    """The solved problem before each row's (code_task.SHOT) must be solved right, in both languages, and must
+    not be one of the task's problems (it would hand out a held-out answer)."""
+    from minirl.toy.code_task import SHOT, SHOT_ANSWERS
+    for language in ("python", "cpp"):
+        row = code_task_rows(1, 3, "test", language)[0]
+        assert [m["role"] for m in row["prompt"]] == ["user", "assistant", "user"]
+        assert row["prompt"][0]["content"].startswith(SHOT) and row["prompt"][1]["content"] == SHOT_ANSWERS[language]
+        shot_row = {**row, "reward_model": {"style": "rule", "ground_truth": json.dumps(
+            {"tests": [{"input": "17 5\n", "output": "2\n"}, {"input": "9 3\n", "output": "0\n"}],
+             "language": language, "time_limit_s": 2.0, "memory_limit_mb": 256, "float_tolerance": None})}}
+        assert Scorer(judge)([SHOT_ANSWERS[language]], [shot_row]) == [1.0]
+        assert [m["role"] for m in code_task_rows(1, 3, "test", language, shot=False)[0]["prompt"]] == ["user"]
+    statements = {p.statement for p in problems(300, 1, "train") + problems(96, 2, "test")}
+    assert SHOT.split("\n")[0] not in statements and not any("remainder" in s for s in statements)
+
+
 def test_rows_are_a_function_of_the_seed():
     assert code_task_rows(20, 5, "train") == code_task_rows(20, 5, "train")
     assert code_task_rows(20, 5, "train") != code_task_rows(20, 6, "train")
+
+
+def test_a_training_step_counts_the_verdicts_of_its_samples(judge, tiny_path):
+    """sample_and_score reports `critic/verdict/<V>` for every sampled completion: here the generator's texts
+    are replaced by known programs (right, near miss, syntax error, prose), so each count is known."""
+    from dataclasses import replace
+
+    from minirl.config import parse_config
+    from minirl.judge import VERDICTS
+    from minirl.models import load_model, load_tokenizer
+    from minirl.rewards import CODE_VERDICTS
+    from minirl.rollout import sample
+    from minirl.sampling import sample_and_score
+    assert CODE_VERDICTS == (*VERDICTS, "no code")
+    rows = code_task_rows(2, 3, "test", "python", shot=False)  # short prompts: the tiny model's context is 512
+    p = problems(2, 3, "test")
+    texts = [fenced(p[0].python, "python"), fenced(p[0].slip, "python"), fenced("print(", "python"), "no code",
+             fenced(p[1].python, "python"), fenced(p[1].python, "python"), "prose", "prose"]
+
+    def generate(*args):  # the tiny model's rollout, with known texts: the scorer reads only those
+        return replace(sample(*args), texts=texts)
+    cfg = parse_config(["--prompts_per_step", "2", "--group_size", "4", "--max_new_tokens", "2", "--seed", "0"])
+    tok, model = load_tokenizer(str(tiny_path)), load_model(str(tiny_path))
+    _, _, rewards, _, m = sample_and_score(model, tok, rows, Scorer(judge), cfg, 0, 0, 1, {}, generate)
+    counts = {k.removeprefix("critic/verdict/"): v for k, v in m.items() if k.startswith("critic/verdict/")}
+    assert counts == {**dict.fromkeys(CODE_VERDICTS, 0), "AC": 3, "WA": 1, "CE": 1, "no code": 3}, counts
+    assert rewards[0] == 1.0 and rewards[3] == -1.0
