@@ -8,7 +8,7 @@ The file reads top to bottom: setup, the training loop, the end. Each step runs 
 with verl's names (verl/trainer/ppo/ray_trainer.py, `fit`: `with marked_timer("gen", timing_raw)`, ...; logged
 by metric_utils.compute_timing_metrics as `timing_s/<name>`; `timing_s/update` is actor + critic):
 
-    gen            G completions per prompt with HF generate           (minirl/sampling.py, rollout.py)
+    gen            G completions per prompt (minirl's decode loop, or HF generate) (sampling.py, rollout.py)
     reward         the scorer's reward per completion (DAPO: resample) (minirl/sampling.py, rewards.py)
     old_log_prob   log-probs of the sampling policy (skipped on-policy) (minirl/logprobs.py)
     ref            log-probs of the KL reference (kl_coef > 0)
@@ -62,17 +62,22 @@ from minirl.update import (LossSettings, compute_advantages, forward_backward, m
 def validate(model, tokenizer, rows: list[dict], scorer: Scorer, cfg: Config, rank: int, world: int
              ) -> dict[str, float]:
     """Held-out validation: mean reward (accuracy for 0/1 rewards) per data source, each process scoring its
-    share of the rows; returns val/test_score/<data_source>."""
+    share of the rows; returns val/test_score/<data_source>, and for code sources val/accepted/<data_source>,
+    the fraction of programs the judge accepted (pass@1 when greedy: partly right programs score > 0)."""
     with gathered(model):
         records = evaluate(model, tokenizer, rows[rank::world], n=1 if cfg.val_greedy else cfg.group_size,
                            greedy=cfg.val_greedy, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                            scorer=scorer)
     sources = sorted({r["data_source"] for r in rows})
+    code = {r["data_source"] for r in rows if is_code(r)}
     sums = torch.tensor([[sum(r["reward"] for r in records if r["data_source"] == s),
-                          sum(1 for r in records if r["data_source"] == s)] for s in sources],
-                        dtype=torch.float64)
+                          sum(1 for r in records if r["data_source"] == s),
+                          sum(1 for r in records if r["data_source"] == s and r.get("verdict") == "AC")]
+                         for s in sources], dtype=torch.float64)
     sums = global_sum(sums.to(next(model.parameters()).device)).cpu()
-    return {f"val/test_score/{s}": float(v / max(c, 1)) for s, (v, c) in zip(sources, sums.tolist())}
+    out = {f"val/test_score/{s}": float(v / max(c, 1)) for s, (v, c, _) in zip(sources, sums.tolist())}
+    return {**out, **{f"val/accepted/{s}": float(a / max(c, 1)) for s, (_, c, a) in zip(sources, sums.tolist())
+                      if s in code}}
 
 
 def is_on_policy(cfg: Config) -> bool:
