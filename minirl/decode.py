@@ -31,7 +31,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from minirl.logprobs import _plain_attention_cache, position_ids_from_mask
-from minirl.rollout import gumbel_argmax, gumbel_uniforms
+from minirl.sampler import gumbel_argmax, gumbel_uniforms
 
 
 @torch.no_grad()

@@ -5,13 +5,13 @@ the noise one generate over all N rows draws: step t's (N, V) uniforms, each gro
 replay of the generator's state at step t for all but the first group to reach it). So the samples, and the
 random state after them, are the decode loop's, whichever path the model takes.
 
-Shapes: N rows, V entries per step's uniforms (rollout.gumbel_uniforms)."""
+Shapes: N rows, V entries per step's uniforms (sampler.gumbel_uniforms)."""
 from __future__ import annotations
 
 import torch
 from transformers import LogitsProcessor
 
-from minirl.rollout import GumbelNoise, gumbel_argmax, gumbel_uniforms
+from minirl.sampler import GumbelNoise, gumbel_argmax, gumbel_uniforms
 
 
 def fitting_groups(lengths: list[int], budgets: list[int], context: int) -> list[list[int]]:

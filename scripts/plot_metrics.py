@@ -11,13 +11,15 @@ import json
 import sys
 from pathlib import Path
 
-PANELS = [  # (title, metric keys drawn in the panel)
+PANELS = [  # (title, metric keys drawn in the panel, or a prefix: every key that starts with it)
     ("reward", ["critic/reward/mean", "critic/reward/max", "critic/reward/min"]),
-    ("validation score", None),  # every val/test_score/<source>
+    ("validation score", "val/"),  # every val/test_score/<source> (and val/accepted/<source> for code)
     ("KL", ["actor/ppo_kl", "actor/kl_loss"]),
     ("clip fraction", ["actor/pg_clipfrac"]),
     ("response length", ["response_length/mean", "response_length/max", "response_length/min"]),
     ("entropy and grad norm", ["actor/entropy", "actor/grad_norm"]),
+    ("judge verdicts (samples per step)", "critic/verdict/"),  # code runs only
+    ("step time (s)", ["timing_s/gen", "timing_s/reward", "timing_s/update", "timing_s/testing"]),
 ]
 
 
@@ -49,10 +51,15 @@ def plot(run_dir: Path | list[Path], out: Path, window: int = 1) -> Path:
 
     run_dirs = run_dir if isinstance(run_dir, list) else [run_dir]
     runs = [(d, read_rows(d)) for d in run_dirs]
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
-    for ax, (title, panel_keys) in zip(axes.flat, PANELS):
+    panels = [(t, k) for t, k in PANELS if not isinstance(k, str) or any(x.startswith(k) for _, r in runs
+                                                                           for row in r for x in row)]
+    fig, axes = plt.subplots(-(-len(panels) // 3), 3, figsize=(15, 4 * -(-len(panels) // 3)))
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, (title, panel_keys) in zip(axes.flat, panels):
         for d, rows in runs:
-            keys = panel_keys or sorted({k for r in rows for k in r if k.startswith("val/test_score/")})
+            keys = panel_keys if not isinstance(panel_keys, str) else \
+                sorted({k for r in rows for k in r if k.startswith(panel_keys)})
             for key in keys:
                 points = [(r["training/global_step"], r[key]) for r in rows if key in r]
                 if points:

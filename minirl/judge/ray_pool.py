@@ -37,7 +37,8 @@ from ray.exceptions import RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from minirl.judge import Judge, JudgeResult
-from minirl.judge.backends import JudgeFrontend, judge_error
+from minirl.judge.frontend import JudgeFrontend
+from minirl.judge.verdict import judge_error
 from minirl.judge.pool import require_isolation
 
 log = logging.getLogger(__name__)

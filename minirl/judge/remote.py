@@ -37,7 +37,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from minirl.judge import JudgeResult, outputs_match
-from minirl.judge.backends import JudgeFrontend, judge_error
+from minirl.judge.frontend import JudgeFrontend
+from minirl.judge.verdict import judge_error
 
 log = logging.getLogger(__name__)
 SERVER_NAME = "minirl-judge"       # minirl/judge/server.py's Server header

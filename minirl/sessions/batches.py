@@ -85,6 +85,14 @@ def collate(datums: list, loss_fn: str, pad_id: int, device: torch.device) -> di
     return batch
 
 
+def trainer_batch(datums: list, pad_id: int, device) -> dict[str, torch.Tensor]:
+    """The trainer's batch layout of datums (train.py's input_ids, attention_mask, response_mask), with the
+    datums' weights as the response mask."""
+    batch = collate(datums, "cross_entropy", pad_id, torch.device(device))
+    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
+            "response_mask": batch["weights"]}
+
+
 def loss_pass(model, batch: dict, loss_fn: str, config: dict, micro_batch_size: int, grad: bool,
               temperature: float = 1.0) -> tuple[float, torch.Tensor, dict[str, float]]:
     """Tinker's summed loss over the batch, backpropagated micro-batch by micro-batch when `grad`.

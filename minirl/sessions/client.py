@@ -33,7 +33,7 @@ from minirl.distributed import (all_reduce_sum, barrier, rank, shutdown, sum_gra
                                 world_size)
 from minirl.models import (build_policy, config_dtype, load_model, load_tokenizer, pick_attn_implementation,
                            pick_dtype, resolve_model_path)
-from minirl.sessions import batches
+import minirl.sessions.batches as batches
 from minirl.sessions.sampling import SampledTemperatures, SamplingClient
 from minirl.sessions.types import (AdamParams, ForwardBackwardOutput, GetInfoResponse, LoadWeightsResponse,
                                    ModelData, OptimStepResponse, SaveWeightsForSamplerResponse,

@@ -12,7 +12,6 @@ The futures and the worker thread live in minirl/sessions/worker.py (re-exported
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -246,11 +245,3 @@ def adam_params_of(p) -> AdamParams:
     if type(p).__name__ != "AdamParams":
         raise TypeError(f"optim_step takes AdamParams (minirl's or tinker's), not {type(p).__name__}")
     return AdamParams(p.learning_rate, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_clip_norm)
-
-
-def collate(datums: list, pad_id: int, device) -> dict[str, torch.Tensor]:
-    """The trainer's batch layout of datums (minirl/sessions/batches.py), with the weights as response_mask."""
-    from minirl.sessions.batches import collate as collate_datums
-    batch = collate_datums(datums, "cross_entropy", pad_id, torch.device(device))
-    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
-            "response_mask": batch["weights"]}

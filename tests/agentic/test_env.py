@@ -8,7 +8,8 @@ import pytest
 from minirl.agentic.env import CodeEnv, MathEnv, parse_tool_calls
 from minirl.agentic.episodes import episode_datum, episode_seed, prompt_tokens, render, reply_tokens, run_episodes
 from minirl.judge import Judge
-from minirl.sessions.types import SampledSequence, SampleResponse, SamplingParams, collate
+from minirl.sessions.batches import trainer_batch
+from minirl.sessions.types import SampledSequence, SampleResponse, SamplingParams
 
 AB_PY = "a, b = map(int, input().split())\nprint(a + b)\n"
 # public test: 1 2 -> 3; private tests: also 5 7 -> 12. "print(3)" passes the public test and fails the private.
@@ -155,7 +156,7 @@ def test_two_turn_episode_masks_token_by_token(judge, tiny_tokenizer):
                              {"role": "assistant", "content": turn2}]
     assert tok.decode(ep.prompt_tokens + ep.completion_tokens) + "\n" == render(tok, whole, tools, False)
     # and the trainer's batch keeps the reply in the context (attention) but out of the loss (weights)
-    batch = collate([episode_datum(ep, 1.0)], tok.pad_token_id, "cpu")
+    batch = trainer_batch([episode_datum(ep, 1.0)], tok.pad_token_id, "cpu")
     assert batch["response_mask"][0].tolist() == expected_weights
     assert batch["attention_mask"][0].sum() == len(ep.prompt_tokens) + len(ep.completion_tokens)
 

@@ -134,7 +134,7 @@ def test_logprobs_at_a_temperature_are_those_generate_sampled_from(random_model,
 def test_gumbel_sampling_draws_from_the_tempered_truncated_softmax():
     """argmax(processed scores + Gumbel noise) has the distribution generate's multinomial sampling would:
     softmax(logits / T) over the top-k, and never a filtered token."""
-    from minirl.rollout import sampling_processors
+    from minirl.sampler import sampling_processors
     torch.manual_seed(0)
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, 3.0]]).repeat(40000, 1)         # (n, V)
     scores = logits.clone()
@@ -150,7 +150,7 @@ def test_gumbel_sampling_draws_from_the_tempered_truncated_softmax():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("vocab", [600, 5000], ids=["one-level", "two-level"])
 def test_gumbel_noise_never_picks_a_filtered_token_even_when_the_uniform_is_zero(monkeypatch, vocab, dtype):
-    from minirl.rollout import GumbelNoise
+    from minirl.sampler import GumbelNoise
     monkeypatch.setattr(torch, "rand", lambda *shape, dtype=None, **kw: torch.zeros(*shape, dtype=dtype))
     scores = torch.full((1, vocab), -float("inf"), dtype=dtype)
     scores[0, 300] = 5.0                                 # the only kept entry, in the second block
@@ -160,7 +160,7 @@ def test_gumbel_noise_never_picks_a_filtered_token_even_when_the_uniform_is_zero
 def test_the_two_level_gumbel_draw_samples_the_softmax_over_a_large_vocabulary():
     """Over GUMBEL_ONE_LEVEL entries gumbel_argmax draws a block, then an entry of it: 40k draws over 40 kept
     entries spread over all 17 blocks (the last one padded) match softmax(scores); the rest are never drawn."""
-    from minirl.rollout import GUMBEL_BLOCK, GUMBEL_ONE_LEVEL, gumbel_argmax, gumbel_uniforms
+    from minirl.sampler import GUMBEL_BLOCK, GUMBEL_ONE_LEVEL, gumbel_argmax, gumbel_uniforms
     torch.manual_seed(0)
     V, n = GUMBEL_ONE_LEVEL + 100, 40000
     kept = torch.randperm(V)[:40]
@@ -178,7 +178,7 @@ def test_the_two_level_gumbel_draw_samples_the_softmax_over_a_large_vocabulary()
 
 def test_the_two_level_draw_of_bf16_scores_is_the_draw_of_the_same_scores_in_fp32():
     """The blocks' logsumexps are taken in fp32: rounded to bf16 they would move a block's odds by up to 6%."""
-    from minirl.rollout import gumbel_argmax, gumbel_uniforms
+    from minirl.sampler import gumbel_argmax, gumbel_uniforms
     torch.manual_seed(0)
     scores = (torch.randn(2000, 5000) * 3 + 20).bfloat16()
     uniforms = gumbel_uniforms(*scores.shape)
@@ -187,7 +187,7 @@ def test_the_two_level_draw_of_bf16_scores_is_the_draw_of_the_same_scores_in_fp3
 
 def test_the_sampling_noise_of_a_small_vocabulary_is_one_uniform_an_entry():
     """Up to GUMBEL_ONE_LEVEL entries the draw is argmax(scores + Gumbel(U)) with U = torch.rand(N, V)."""
-    from minirl.rollout import GUMBEL_ONE_LEVEL, add_gumbel_noise, gumbel_argmax, gumbel_uniforms
+    from minirl.sampler import GUMBEL_ONE_LEVEL, add_gumbel_noise, gumbel_argmax, gumbel_uniforms
     scores = torch.randn(64, GUMBEL_ONE_LEVEL)
     torch.manual_seed(3)
     tokens = gumbel_argmax(scores, gumbel_uniforms(*scores.shape))
@@ -198,7 +198,7 @@ def test_the_sampling_noise_of_a_small_vocabulary_is_one_uniform_an_entry():
 def test_chunked_logprobs_gradients_are_the_same_with_and_without_recomputing(monkeypatch):
     """Below LOGITS_PER_CHUNK the chunks keep their logits for backward; above it they are recomputed. Both give
     the same log-probs, entropies and gradients."""
-    from minirl import policy
+    from minirl import logprobs as policy
     torch.manual_seed(0)
     head = torch.nn.Linear(8, 50, bias=False)
     h0, y = torch.randn(3, 7, 8), torch.randint(0, 50, (3, 7))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import minirl.rollout as rollout
+import minirl.sampler as sampler
 from minirl.logprobs import token_logprobs
 
 PROMPTS = ["<|im_start|>user\nWhat is 3+4?<|im_end|>\n<|im_start|>assistant\n",
@@ -402,14 +403,14 @@ def test_bf16_caches_take_the_one_buffer_path_not_the_two_part_attention(monkeyp
 
 @pytest.mark.parametrize("settings", [dict(), dict(temperature=1.3, top_k=300)], ids=["T1", "topk"])
 def test_a_large_vocabulary_takes_the_two_level_noise_in_both_paths(monkeypatch, tiny_tokenizer, settings):
-    """Over rollout.GUMBEL_ONE_LEVEL entries both paths draw the noise in two levels (rollout.gumbel_argmax):
+    """Over sampler.GUMBEL_ONE_LEVEL entries both paths draw the noise in two levels (sampler.gumbel_argmax):
     the same tokens and random state, and tokens from many of the vocabulary's blocks."""
     from minirl.toy.tiny import build_model
-    V = rollout.GUMBEL_ONE_LEVEL * 2 + 77                              # 33 blocks, the last one padded
+    V = sampler.GUMBEL_ONE_LEVEL * 2 + 77                              # 33 blocks, the last one padded
     model = build_model(V, seed=1, eos_id=tiny_tokenizer.eos_token_id, pad_id=tiny_tokenizer.pad_token_id)
     fast, plain = both_paths(monkeypatch, ends_often(model, tiny_tokenizer.eos_token_id, boost=6.0),
                              tiny_tokenizer, group_size=4, max_new_tokens=12, **settings)
     assert_same(fast, plain, model)
     r = fast[0]
     drawn = r.response_ids[r.response_mask.bool()]
-    assert len(set((drawn // rollout.GUMBEL_BLOCK).tolist())) > 10 and len(set(r.response_mask.sum(1).tolist())) > 2
+    assert len(set((drawn // sampler.GUMBEL_BLOCK).tolist())) > 10 and len(set(r.response_mask.sum(1).tolist())) > 2

@@ -1,0 +1,240 @@
+"""Checkpoints that survive crashes, and exact resumption.
+
+A checkpoint is a folder `<output_dir>/checkpoints/step_000040/` holding everything the next step depends on:
+the policy's weights (or only its LoRA adapter), the optimizer and LR-scheduler state, the critic and its
+optimizer (PPO), every process's RNG states, the step and the position in the prompt stream. It is written into
+`.tmp-step_000040/` and renamed into place when complete: a rename is atomic, so a crash mid-write leaves
+only a `.tmp-*` folder, which `latest_checkpoint` ignores (and the next save removes). The last `keep_last`
+checkpoints are kept.
+
+Resuming restores all of it, so a run killed after step k and resumed gives the same metrics and weights as
+one that never stopped (tests/test_checkpoint.py checks this bit for bit).
+
+`save`, `resume` and `save_final` are what train.py calls (with its accelerate Accelerator, for ranks and
+barriers); the functions below them do one part each.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from minirl.distributed import full_optimizer_state, full_state_dict, is_sharded
+
+STEP_DIR = re.compile(r"^step_(\d{6,})$")
+
+
+def save(accelerator, cfg, step: int, position: int, policy, optimizer, scheduler, critic=None,
+         critic_optimizer=None) -> None:
+    """All processes save their RNG; the main process saves the rest and renames the folder into place."""
+    out_dir = Path(cfg.output_dir)
+    if accelerator.is_main_process:
+        begin_save(out_dir, step)
+    accelerator.wait_for_everyone()
+    tmp = begin_save(out_dir, step)
+    save_process_state(tmp, accelerator.process_index)
+    model_state, optimizer_state = full_state_dict(policy), full_optimizer_state(policy, optimizer)  # collective
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        save_shared_state(tmp, policy, optimizer, scheduler, step, position, vars(cfg), critic,
+                                     critic_optimizer, model_state, optimizer_state)
+        finish_save(out_dir, tmp, step, cfg.keep_last)
+    accelerator.wait_for_everyone()
+
+
+def resume(accelerator, cfg, policy, optimizer, scheduler, critic=None, critic_optimizer=None
+           ) -> tuple[int, int]:
+    """(step, position) to start from: restored from a checkpoint when cfg.resume asks for one."""
+    if not cfg.resume:
+        root = checkpoint_root(cfg.output_dir)
+        if accelerator.is_main_process and root.is_dir() and any(root.iterdir()):
+            # a later --resume auto must not pick up the earlier run's checkpoints; keep them, out of the way
+            aside = root.with_name(f"checkpoints.before-{time.strftime('%Y%m%d-%H%M%S')}")
+            root.rename(aside)
+            accelerator.print(f"note: moved an earlier run's checkpoints to {aside} (use --resume auto to continue "
+                              "a run instead)")
+        accelerator.wait_for_everyone()
+        return 0, 0
+    folder = latest_checkpoint(cfg.output_dir) if cfg.resume == "auto" else Path(cfg.resume)
+    if folder is None:
+        accelerator.print(f"resume=auto: no checkpoint in {checkpoint_root(cfg.output_dir)}; starting fresh")
+        return 0, 0
+    if not (folder / "trainer_state.json").exists():
+        raise SystemExit(f"resume: {folder} is not a complete checkpoint (no trainer_state.json)")
+    state = load_checkpoint(folder, accelerator.process_index, policy, optimizer, scheduler, critic,
+                                       critic_optimizer, sharded=is_sharded(policy))
+    if state["step"] >= cfg.max_steps:
+        raise SystemExit(f"resume: the run in {cfg.output_dir} already finished step {state['step']} "
+                         f"(max_steps={cfg.max_steps}); nothing to train. Raise --max_steps to continue it.")
+    metrics_file = Path(cfg.output_dir) / "metrics.jsonl"
+    if accelerator.is_main_process and metrics_file.exists():  # drop rows logged after the checkpoint
+        rows = [line for line in metrics_file.read_text().splitlines()
+                if line.strip() and json.loads(line)["training/global_step"] <= state["step"]]
+        metrics_file.write_text("".join(r + "\n" for r in rows))
+    accelerator.print(f"resumed from {folder} at step {state['step']}")
+    return state["step"], state["position"]
+
+
+def save_final(accelerator, policy, tokenizer, base_path: str, out_dir: Path, dtype: torch.dtype, merged: bool,
+               summary: dict) -> None:
+    """The trained policy in `out_dir`: with LoRA the adapter (eval.py loads it), else the full model in `dtype`;
+    with `merged`, also a plain merged model in out_dir/merged; and summary.json. Every process calls it."""
+    accelerator.wait_for_everyone()
+    model_state = full_state_dict(policy)  # FSDP: gathered on every process (collective), saved by the first
+    if accelerator.is_main_process:
+        save_model(policy, out_dir, dtype, model_state)
+        tokenizer.save_pretrained(out_dir)
+        if merged:  # a plain model that AutoModelForCausalLM loads
+            save_merged(policy, base_path, out_dir / "merged", dtype)
+            tokenizer.save_pretrained(out_dir / "merged")
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        print(f"saved the policy and tokenizer to {out_dir}")
+
+
+def checkpoint_root(output_dir: str | Path) -> Path:
+    return Path(output_dir) / "checkpoints"
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint (its folder exists only once fully written), or None."""
+    root = checkpoint_root(output_dir)
+    steps = sorted((int(m.group(1)), p) for p in root.glob("step_*") if (m := STEP_DIR.match(p.name))
+                   and (p / "trainer_state.json").exists()) if root.is_dir() else []
+    return steps[-1][1] if steps else None
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def begin_save(output_dir: str | Path, step: int) -> Path:
+    """The temporary folder every process writes into (call on all processes, after a barrier)."""
+    tmp = checkpoint_root(output_dir) / f".tmp-step_{step:06d}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    return tmp
+
+
+def save_process_state(tmp: Path, rank: int) -> None:
+    """What differs per process: its RNG states (each samples differently)."""
+    torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
+
+
+def save_shared_state(tmp: Path, model, optimizer, scheduler, step: int, position: int, config: dict,
+                      critic=None, critic_optimizer=None, model_state: dict | None = None,
+                      optimizer_state: dict | None = None) -> None:
+    """What all processes share (written by the main process): weights, optimizer, scheduler, counters.
+    Under FSDP pass the gathered full `model_state`/`optimizer_state` (see distributed.full_state_dict)."""
+    model.save_pretrained(tmp / "model", state_dict=model_state)  # a LoRA model saves its adapter only
+    torch.save(optimizer_state if optimizer_state is not None else optimizer.state_dict(), tmp / "optimizer.pt")
+    if scheduler is not None:  # the sessions API sets the rate at each optim_step instead
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    if critic is not None:
+        torch.save(critic.state_dict(), tmp / "critic.pt")
+        torch.save(critic_optimizer.state_dict(), tmp / "critic_optimizer.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "position": position, "config": config},
+                                                       indent=2))
+
+
+def finish_save(output_dir: str | Path, tmp: Path, step: int, keep_last: int) -> Path:
+    """Rename the finished folder into place (atomic), then drop old and half-written checkpoints."""
+    final = checkpoint_root(output_dir) / f"step_{step:06d}"
+    if final.exists():  # re-saving a step (e.g. the end of a run that was resumed at its last step)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    root = checkpoint_root(output_dir)
+    complete = sorted(p for p in root.glob("step_*") if STEP_DIR.match(p.name))
+    for old in complete[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    for stale in root.glob(".tmp-step_*"):
+        if stale != tmp:
+            shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def save_model(model, folder: str | Path, dtype: torch.dtype, state_dict: dict | None = None) -> None:
+    """save_pretrained with floating-point weights cast to `dtype` (training keeps fp32 weights; a bf16 model is
+    saved in bf16 again). A peft model saves its adapter, kept as trained (fp32). Checkpoints for resuming are
+    saved unchanged (save_shared_state), so that resuming is exact."""
+    if hasattr(model, "peft_config"):
+        model.save_pretrained(folder, state_dict=state_dict)
+        return
+    state = state_dict if state_dict is not None else model.state_dict()
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    model.config.dtype = dtype  # config.json records what the files hold
+    model.save_pretrained(folder, state_dict=state)
+
+
+def save_merged(model, base_path: str, folder: str | Path, dtype: torch.dtype) -> None:
+    """A LoRA policy as one plain model that AutoModelForCausalLM loads. The delta is merged into an fp32 copy of
+    the base read from its own files: merged into the bf16 base used for compute, most of it would round away."""
+    from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+
+    from minirl.models import BUILDING, load_model
+    with BUILDING:  # peft builds modules: not while another thread's from_pretrained patches torch (models.py)
+        peft_model = get_peft_model(load_model(base_path, torch.float32), model.peft_config["default"])
+    set_peft_model_state_dict(peft_model, get_peft_model_state_dict(model))
+    save_model(peft_model.merge_and_unload(), folder, dtype)
+
+
+def load_weights(model, folder: Path) -> None:
+    """Load saved weights (full model or LoRA adapter) into an existing model, in place."""
+    from safetensors.torch import load_file
+
+    if (folder / "adapter_model.safetensors").exists():
+        from peft import set_peft_model_state_dict
+        set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")))
+        return
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no weights in {folder}")
+    state = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # tied weights (lm_head = embeddings) are saved once; anything else missing is an error
+    missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"checkpoint {folder} does not match the model: missing {missing[:5]}, "
+                           f"unexpected {unexpected[:5]}")
+
+
+def load_checkpoint(folder: Path, rank: int, model, optimizer, scheduler, critic=None,
+                    critic_optimizer=None, sharded: bool = False) -> dict:
+    """Restore everything saved in `folder`; returns trainer_state (step, position, config).
+    sharded: the model is FSDP-sharded; every process scatters the full saved state into its shards."""
+    if sharded:
+        from safetensors.torch import load_file
+
+        from minirl.distributed import load_full_state
+        weights = {}
+        for f in sorted((folder / "model").glob("*.safetensors")):
+            weights.update(load_file(str(f)))
+        load_full_state(model, optimizer, weights, torch.load(folder / "optimizer.pt", weights_only=False))
+    else:
+        load_weights(model, folder / "model")
+        optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
+    if scheduler is not None:
+        scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
+    if critic is not None:
+        critic.load_state_dict(torch.load(folder / "critic.pt", weights_only=False))
+        critic_optimizer.load_state_dict(torch.load(folder / "critic_optimizer.pt", weights_only=False))
+    rng_file = folder / f"rng_rank{rank}.pt"
+    if rng_file.exists():  # a different number of processes than before: keep fresh RNG on the new ones
+        set_rng_state(torch.load(rng_file, weights_only=False))
+    return json.loads((folder / "trainer_state.json").read_text())

@@ -1,0 +1,224 @@
+"""What the judge keeps on the host: its folders, and the sandbox uids it leases.
+
+    d = cache_dir()                                  # binaries, the PCH, run folders: root's (0711)
+    lease = lease_uids(2)                            # uids no other live Judge on this host holds
+    lease.uids; lease.release()
+    remove_tree(folder)                              # any depth, never raises
+
+minirl/judge/sandbox.py runs programs as these uids in these folders.
+"""
+from __future__ import annotations
+
+import fcntl
+import functools
+import grp
+import logging
+import os
+import pwd
+import tempfile
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+_stage_lock = threading.Lock()
+# Sandbox uids; any that names an account or group is skipped. Not 61000-61899: judges from before leases took
+# those without asking and killed every process of their uid after each test, so one still running beside us
+# would kill our programs.
+UID_RANGE = range(62000, 62900)
+
+
+# --- where sandboxes live -----------------------------------------------------------------------------------------
+
+def cache_dir() -> Path:
+    """Binaries, the PCH and run folders: root's alone (0711: a "uid"-mode sandbox may pass through to its own
+    folder, but no sandbox can list it). Not under /tmp when root, where sandboxes of older versions mounted
+    their private tmpfs."""
+    d = _cache_path(os.environ.get("MINIRL_JUDGE_CACHE"), os.geteuid())
+    try:
+        if d.stat().st_mode & 0o777 == 0o711:  # every run asks: one stat when all is in place
+            return d
+    except FileNotFoundError:
+        d.mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o711)
+    return d
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_path(setting: str | None, euid: int) -> Path:
+    default = Path("/var/lib/minirl-judge") if euid == 0 else Path(tempfile.gettempdir()) / f"minirl-judge-{euid}"
+    d = Path(setting or default).resolve()
+    if euid == 0 and any(d.is_relative_to(t) for t in ("/tmp", "/var/tmp", "/dev/shm")):
+        raise ValueError(f"MINIRL_JUDGE_CACHE={d} is under a world-writable directory; choose another folder "
+                         "(default /var/lib/minirl-judge)")
+    return d
+
+
+STAGE = Path("/run/minirl-judge-stage")
+# one program file per worker at a time (a binary is at most the compiler's 128 MiB file limit): a size, so that
+# no number of judges fills the host's memory with them
+STAGE_OPTIONS = "mode=700,nosuid,nodev,size=2g,nr_inodes=65536"
+_stage_checked = False             # this process mounted it, or gave a size to one an older judge mounted without
+
+
+def stage_dir() -> Path:
+    """Where worker sandboxes take their programs' files from (sandbox.py: `WorkerSandbox`): a tmpfs of the
+    judge's own (mounted once per host, root's alone), so that the bind a program sees names a path of that
+    tmpfs ("/u62000/main"), not one of the host; host-wide, whatever MINIRL_JUDGE_CACHE says."""
+    global _stage_checked
+    with _stage_lock:
+        if not _stage_checked or not os.path.ismount(STAGE):
+            STAGE.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with open(STAGE.with_name(STAGE.name + ".lock"), "w") as lock:   # judges of other processes
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                mounted = os.path.ismount(STAGE)
+                how = ["-o", f"remount,{STAGE_OPTIONS}"] if mounted else ["-t", "tmpfs", "-o", STAGE_OPTIONS, "tmpfs"]
+                try:
+                    r = subprocess.run(["mount", *how, str(STAGE)], capture_output=True, text=True)
+                    error = r.stderr.strip() if r.returncode else ""
+                except OSError as e:        # no mount(8)
+                    error = str(e)
+                _stage_checked = True
+                if error and not mounted:   # still private (0700), but a program's mountinfo names the path
+                    log.warning("cannot mount the judge's staging tmpfs (%s): programs see its host path", error)
+                elif error:
+                    log.warning("cannot give the judge's staging tmpfs a size (%s)", error)
+        return STAGE
+
+
+def job_folder(prefix: str) -> Path:
+    """A new private folder in the cache for one job's host-side files, named after this process
+    (`<prefix>-<pid>-...`), so that a later judge can tell it from a live judge's and remove it."""
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}-{os.getpid()}-", dir=cache_dir()))
+
+
+def remove_orphans(prefixes: tuple[str, ...] = ("run", "cc")) -> int:
+    """Remove the job folders of judges that are gone (killed before they could clean up): named by
+    `job_folder` after a process that no longer exists. Returns how many were removed."""
+    removed = 0
+    for path in cache_dir().iterdir():
+        head, _, rest = path.name.partition("-")
+        pid = rest.split("-", 1)[0]
+        if head not in prefixes or not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue                            # its judge is alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue                            # alive, as another user
+        remove_tree(path)
+        removed += 1
+    return removed
+
+
+def unique_tmp(path: Path) -> Path:
+    return path.with_name(f"{path.name}.tmp{os.getpid()}-{threading.get_ident()}")
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a folder tree of any depth without recursion and without raising (a program can build a tree
+    deeper than Python's recursion limit or PATH_MAX). Walks with one open folder at a time, by relative names."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        log.warning("cannot remove %s: %s", path, e)
+        return
+    names: list[str] = []                       # the way down from `path` to the folder `fd` is open on
+    try:
+        while True:
+            sub = None
+            with os.scandir(fd) as it:
+                for entry in it:
+                    if entry.is_dir(follow_symlinks=False):
+                        sub = entry.name
+                        break
+                    os.unlink(entry.name, dir_fd=fd)
+            if sub is not None:                 # go down
+                child = os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd, _ = child, names.append(sub)
+            elif names:                         # empty: go up and remove it
+                parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd = parent
+                os.rmdir(names.pop(), dir_fd=fd)
+            else:
+                break
+        os.close(fd)
+        os.rmdir(path)
+    except OSError as e:
+        log.warning("cannot remove %s: %s", path, e)
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+# --- uids ------------------------------------------------------------------------------------------------------
+
+@dataclass
+class UidLease:
+    """Uids held through flock()ed files: the kernel releases them when this process ends, crash or not."""
+    uids: list[int]
+    fds: list[int]
+
+    def release(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.uids, self.fds = [], []
+
+
+def lease_folder() -> Path:
+    """Host-wide, whatever MINIRL_JUDGE_CACHE says: judges with different caches still share uids.
+    MINIRL_JUDGE_LEASES moves it (tests use a folder of their own, so other judges on the host don't race them)."""
+    default = Path("/run/minirl-judge-uids") if os.geteuid() == 0 else \
+        Path(tempfile.gettempdir()) / f"minirl-judge-uids-{os.getuid()}"
+    return Path(os.environ.get("MINIRL_JUDGE_LEASES", default))
+
+
+def lease_uids(n: int) -> UidLease:
+    """`n` sandbox uids that no other live lease on this host holds, none of them an account's or a group's."""
+    folder = lease_folder()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    taken = {p.pw_uid for p in pwd.getpwall()} | {g.gr_gid for g in grp.getgrall()}
+    lease = UidLease([], [])
+    for uid in UID_RANGE:
+        if len(lease.uids) == n:
+            return lease
+        if uid in taken:
+            continue
+        fd = os.open(folder / f"{uid}.lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        lease.uids.append(uid)
+        lease.fds.append(fd)
+    if len(lease.uids) == n:
+        return lease
+    lease.release()
+    raise RuntimeError(f"no {n} free sandbox uids in {UID_RANGE.start}-{UID_RANGE.stop - 1}: too many judges "
+                       "on this host; use fewer workers")
+
+
+CORE_PATTERN = Path("/proc/sys/kernel/core_pattern")
+
+
+def core_pattern_warning() -> str | None:
+    """A warning if the host's core_pattern sends dumps to a socket ("@..."), which the kernel (6.16 and later)
+    does with RLIMIT_CORE set to infinity: the sandbox's limit of 1 (which stops a "|helper" pipe) does not hold,
+    and a crashing program's memory would reach the socket's root listener. None otherwise."""
+    try:
+        pattern = CORE_PATTERN.read_text().strip()
+    except OSError:
+        return None
+    if not pattern.startswith("@"):
+        return None
+    return (f"kernel.core_pattern is {pattern[:80]!r}, a socket: RLIMIT_CORE=1 does not stop a crashing program's "
+            "dump from reaching it; set a file or '|' pattern on judge hosts")

@@ -1,0 +1,257 @@
+"""Per-token log-probabilities of responses under a causal LM: the trainer's teacher-forced forward pass.
+
+The definition is `reference_logprobs`: log_softmax(model(ids).logits / T) at the response tokens, the
+distribution `generate` samples from. `token_logprobs` computes the same numbers with two optimisations:
+
+1. The LM head chunk by chunk (`chunked_logprobs`). It never builds the (N, R, V) fp32 log-softmax: the body's
+   last hidden states go through the LM head and the model's own final transform (`final_logits_transform`:
+   Gemma's soft-capping, Cohere's and Granite's logit scales) a chunk of tokens at a time, and only the gathered
+   log-prob (and the entropy) of each token leaves the chunk. Under autograd each chunk is checkpointed when the
+   batch's logits exceed one chunk's budget (LOGITS_PER_CHUNK), so its logits are recomputed in backward instead
+   of being stored (peak memory ~ one chunk's logits; scripts/bench_logprobs.py measures).
+2. Prompt sharing (`states_before_responses`). Adjacent rows with the same prompt (a GRPO group) run it through
+   the transformer once; its KV cache serves all of them. Only where that is exact (see its docstring).
+
+`check_exact` runs both on a short batch when a model is loaded, and refuses a model whose log-probs they do
+not reproduce (docs/architectures.md lists the families refused, and why).
+
+Shapes: N sequences, P prompt tokens (left-padded), R response tokens (right-padded), V vocabulary, H hidden.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from minirl.config import ConfigError
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding, as `generate` computes them: the first real token is position 0."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def reference_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int,
+                       temperature: float = 1.0) -> torch.Tensor:
+    """What token_logprobs computes, without its optimisations: the whole (N, P+R, V) logits at once. -> (N, R)"""
+    R = num_response_tokens
+    logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                   position_ids=position_ids_from_mask(attention_mask), use_cache=False).logits[:, -R - 1:-1]
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)                        # (N, R, V)
+    return logp.gather(-1, input_ids[:, -R:, None]).squeeze(-1)
+
+
+# -- the model's own logit path ---------------------------------------------------------------------------
+
+def final_logits_transform(model) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """What the causal-LM class does to the LM head's output before it returns logits, in the same operations
+    (so fp32 results are bitwise the same), read from the config of the families transformers ships with one:
+    Granite and MiniCPM3 divide by `logits_scaling` (MiniCPM3 its hidden states: the same for a bias-free head),
+    HyperCLOVA X multiplies by it, Cohere multiplies by `logit_scale`, Gemma 2-4 (and others) soft-cap at
+    `final_logit_softcapping`, RecurrentGemma at `logits_soft_cap`. None: the head's output is the logits."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    steps = []
+    scaling = getattr(config, "logits_scaling", None)
+    if scaling not in (None, 1, 1.0):
+        multiply = getattr(config, "model_type", "") == "hyperclovax"
+        steps.append((lambda x: x * scaling) if multiply else (lambda x: x / scaling))
+    scale = getattr(config, "logit_scale", None)
+    if isinstance(scale, (int, float)) and scale != 1:
+        steps.append(lambda x: x * scale)
+    cap = getattr(config, "final_logit_softcapping", None) or getattr(config, "logits_soft_cap", None)
+    if cap:
+        steps.append(lambda x: torch.tanh(x / cap) * cap)
+    if not steps:
+        return None
+
+    def transform(logits: torch.Tensor) -> torch.Tensor:
+        for step in steps:
+            logits = step(logits)
+        return logits
+    return transform
+
+
+class InexactModelError(ConfigError):
+    """A model whose log-probs minirl's forward pass does not reproduce: training it would follow another
+    policy's gradient, so it is refused."""
+
+
+@torch.no_grad()
+def check_exact(model, tolerance: float | None = None) -> None:
+    """Refuse a model (InexactModelError) unless token_logprobs equals reference_logprobs on a short batch: two
+    rows sharing a prompt, then a left-padded one. Costs three forward passes over 3 x 12 tokens at load."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    name = type(model).__name__
+    if head is None or not hasattr(head, "weight"):
+        raise InexactModelError(f"{name} has no LM head minirl can chunk (get_output_embeddings() is "
+                                f"{type(head).__name__}); see docs/architectures.md")
+    V, device, dtype = head.weight.shape[0], head.weight.device, head.weight.dtype
+    ids = (torch.arange(36, device=device).view(3, 12) * 7 + 3) % V
+    ids[1, :8] = ids[0, :8]                                         # one prompt of 8 tokens, two responses
+    mask = torch.ones_like(ids)
+    mask[2, :2] = 0                                                 # and a left-padded prompt
+    was_training = model.training
+    model.eval()
+    try:
+        ours = token_logprobs(model, ids, mask, 4)[0]
+        theirs = reference_logprobs(model, ids, mask, 4)
+    except Exception as e:  # noqa: BLE001  (a body that takes no position_ids, no decoder, ...)
+        raise InexactModelError(f"minirl cannot run its forward pass on {name}: {type(e).__name__}: {e}; see "
+                                "docs/architectures.md") from e
+    finally:
+        model.train(was_training)
+    tolerance = tolerance or (1e-4 if dtype == torch.float32 else 2e-2)
+    error = float((ours - theirs).abs().max())
+    if not error <= tolerance:                                      # also refuses NaN
+        raise InexactModelError(
+            f"minirl cannot compute {name}'s log-probs exactly: max |logp - log_softmax(model(ids).logits)| = "
+            f"{error:.3g} > {tolerance:g} on a test batch; its causal-LM class transforms the LM head's output in "
+            "a way minirl does not reproduce (docs/architectures.md lists the families minirl supports)")
+
+
+# -- optimisation 1: the LM head, chunk by chunk ----------------------------------------------------------
+
+LOGITS_PER_CHUNK = 1 << 24  # at most 16M fp32 logits (64 MB) per chunk: ~110 tokens at V=152k
+MAX_CHUNK_TOKENS = 128      # and at most 128 tokens (16 MB at V=32k), still large enough for an efficient matmul
+
+
+def _chunk_logp(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module, transform,
+                temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """hidden (n, H), targets (n,) -> logp (n,) fp32 (with its graph), entropy (n,) or None (a metric: no graph).
+    The chunk's (n, V) logits die here; the fused log-softmax and gather are those of reference_logprobs."""
+    logits = lm_head(hidden).float()                                        # (n, V)
+    if transform is not None:
+        logits = transform(logits)
+    logp_all = torch.log_softmax(logits / temperature, dim=-1)
+    logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+    if not with_entropy:
+        return logp, None
+    with torch.no_grad():
+        return logp, -(logp_all.exp() * logp_all).sum(-1)
+
+
+def chunked_logprobs(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module,
+                     temperature: float = 1.0, chunk_tokens: int | None = None, with_entropy: bool = False,
+                     transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log_softmax(transform(lm_head(hidden)) / temperature)[targets] chunk by chunk (and the entropy, without
+    gradients). (N, R, H), (N, R) -> (N, R), (N, R) | None"""
+    N, R, H = hidden.shape
+    V = lm_head.weight.shape[0]
+    chunk_tokens = chunk_tokens or max(16, min(MAX_CHUNK_TOKENS, LOGITS_PER_CHUNK // V))
+    # checkpointing bounds the logits kept for backward to one chunk's; when all of them fit in that bound anyway
+    # (a small vocabulary or batch), keeping them saves recomputing the LM head in backward (~10% of the step)
+    recompute = torch.is_grad_enabled() and N * R * V > LOGITS_PER_CHUNK
+    flat_h, flat_y = hidden.reshape(N * R, H), targets.reshape(N * R)
+    logps, entropies = [], []
+    for s in range(0, N * R, chunk_tokens):
+        args = (flat_h[s:s + chunk_tokens], flat_y[s:s + chunk_tokens], lm_head, transform, temperature,
+                with_entropy)
+        lp, ent = checkpoint(_chunk_logp, *args, use_reentrant=False) if recompute else _chunk_logp(*args)
+        logps.append(lp)
+        entropies.append(ent)
+    entropy = torch.cat(entropies).view(N, R) if with_entropy else None
+    return torch.cat(logps).view(N, R), entropy
+
+
+# -- optimisation 2: a prompt shared by its group ---------------------------------------------------------
+
+def states_before_responses(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, R: int,
+                            share_prompts: bool = True) -> torch.Tensor:
+    """The last layer's hidden state before each response token: (N, P+R) -> (N, R, H).
+
+    Adjacent rows with the same prompt (a GRPO group: G samples of one prompt) share it: the prompt runs through
+    the model once, and its KV cache is copied to each of its rows before the responses run on it; gradients
+    flow back through the copies. A prompt token attends only to the prompt, so with the same positions and
+    rotary frequencies in both passes these are the states of one pass over every row (up to float rounding).
+    Every row runs whole instead where that does not hold or cannot work: RoPE whose frequencies depend on the
+    longest position in the call (`dynamic`, `longrope`: the prompt-only pass would use the short ones), caches
+    that are not plain appended keys and values (linear attention), gradient checkpointing (transformers drops
+    the cache there) and FSDP (each layer would be gathered twice per step)."""
+    decoder = model.get_decoder()
+    positions = position_ids_from_mask(attention_mask)
+    P = input_ids.shape[1] - R
+    prompt, prompt_mask = input_ids[:, :P], attention_mask[:, :P]
+    first = torch.ones(len(prompt), dtype=torch.bool, device=prompt.device)     # (N,) a new prompt starts here
+    first[1:] = (prompt[1:] != prompt[:-1]).any(1) | (prompt_mask[1:] != prompt_mask[:-1]).any(1)
+    checkpointing = getattr(decoder, "gradient_checkpointing", False) or (  # the flag's name differs by version
+        getattr(model, "is_activation_checkpointing", None) if hasattr(model, "is_activation_checkpointing")
+        else getattr(model, "is_gradient_checkpointing", False))
+    if not share_prompts or P == 0 or bool(first.all()) or checkpointing or length_dependent_rope(model):
+        return decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                       use_cache=False).last_hidden_state[:, -R - 1:-1]
+    owner = first.long().cumsum(0) - 1                     # (N,) each row's prompt among the distinct ones
+    unique = first.nonzero().squeeze(1)                    # (U,) the row each distinct prompt is taken from
+    out = decoder(input_ids=prompt[unique], attention_mask=prompt_mask[unique], position_ids=positions[unique, :P],
+                  use_cache=True)
+    cache = getattr(out, "past_key_values", None)          # a recurrent model (Mamba) may return none
+    if not _plain_attention_cache(cache):
+        return states_before_responses(model, input_ids, attention_mask, R, share_prompts=False)
+    cache.reorder_cache(owner)                             # (U, ...) -> (N, ...): each row gets its prompt's K, V
+    responses = decoder(input_ids=input_ids[:, P:], attention_mask=attention_mask, position_ids=positions[:, P:],
+                        past_key_values=cache, use_cache=True).last_hidden_state                     # (N, R, H)
+    # before response token 0: the prompt's last state (left padding: always a real token); then the responses'
+    return torch.cat([out.last_hidden_state[owner, -1:], responses[:, :-1]], dim=1)
+
+
+def length_dependent_rope(model) -> bool:
+    """Whether a rotary embedding recomputes its frequencies from the largest position of each forward call
+    (the rope types transformers' dynamic_rope_update acts on: "dynamic" variants and "longrope")."""
+    for module in model.modules():
+        kinds = getattr(module, "rope_type", None)
+        for kind in kinds.values() if isinstance(kinds, dict) else [kinds]:
+            if isinstance(kind, str) and ("dynamic" in kind or kind == "longrope"):
+                return True
+    return False
+
+
+def _plain_attention_cache(cache) -> bool:
+    """Only keys and values that each layer appends to: copying them to rows, then appending the responses',
+    is exact. Recurrent or convolution states (hybrid linear-attention models) are written in place, which
+    autograd cannot take; a custom model may return no cache at all."""
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and hasattr(cache, "reorder_cache") and \
+        all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
+
+
+# -- the entry points -------------------------------------------------------------------------------------
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int,
+                   temperature: float = 1.0, chunk_tokens: int | None = None, with_entropy: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi_T(y_t | x, y_<t) at each response position, and (with_entropy) the entropy, which never has a graph.
+
+    pi_T is the distribution the rollout sampled from: softmax(logits / temperature). Old, reference and current
+    log-probs must all use the sampling temperature, or the ratio compares another policy (verl and TRL divide
+    the logits by T the same way; top-p/top-k truncation is not modelled, as in both).
+    input_ids/attention_mask: (N, P+R), prompt left-padded then response right-padded. Returns (N, R) fp32
+    tensors aligned with the response tokens (values at padding are meaningless; mask them).
+    """
+    sharded = getattr(model, "minirl_token_logprobs", None)  # FSDP: the root's forward hooks run around it
+    if sharded is not None:
+        return sharded(input_ids, attention_mask, num_response_tokens, temperature, chunk_tokens, with_entropy)
+    return _token_logprobs_unsharded(model, input_ids, attention_mask, num_response_tokens, temperature,
+                                     chunk_tokens, with_entropy)
+
+
+@torch.no_grad()
+def batched_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int,
+                     micro_batch_size: int, temperature: float = 1.0, with_entropy: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`token_logprobs` without gradients, micro-batch by micro-batch: old log-probs (with the entropy metric)
+    and the reference's log-probs.  -> (N, R), (N, R) | None"""
+    parts = [token_logprobs(model, input_ids[s:s + micro_batch_size], attention_mask[s:s + micro_batch_size],
+                            num_response_tokens, temperature, with_entropy=with_entropy)
+             for s in range(0, input_ids.shape[0], micro_batch_size)]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]) if with_entropy else None
+
+
+def _token_logprobs_unsharded(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int,
+                              temperature: float = 1.0, chunk_tokens: int | None = None, with_entropy: bool = False,
+                              share_prompts: bool = True):
+    R = num_response_tokens
+    hidden = states_before_responses(model, input_ids, attention_mask, R, share_prompts)          # (N, R, H)
+    return chunked_logprobs(hidden, input_ids[:, -R:], model.get_output_embeddings(), temperature, chunk_tokens,
+                            with_entropy, final_logits_transform(model))

@@ -1,0 +1,237 @@
+"""Load the models a run needs: the policy (with LoRA, a dtype, gradient checkpointing), its tokenizer, and
+the frozen reference policy pi_ref for the KL penalty.
+
+The reference is a second copy of the starting weights, in eval mode with gradients off, used only to score the
+response tokens the policy sampled (`ref_logp`). With `kl_coef: 0` the trainer builds none. With LoRA the
+reference is the policy with its adapter disabled (`adapter_disabled`): no second copy.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+from minirl.config import ConfigError
+from minirl.logprobs import check_exact
+
+
+class ModelNotFoundError(ConfigError, FileNotFoundError):
+    """model_name_or_path names no folder (and no hub model can be fetched): a user error, not a bug."""
+
+
+def resolve_model_path(name: str) -> str:
+    """"tiny" -> the built-in toy model, "tiny-code" -> its sibling for the built-in code task, "smollm2-135m" ->
+    SmolLM2-135M-Instruct converted from its PyPI wheel (each built once, cached); anything else is passed to
+    from_pretrained."""
+    if name == "tiny":
+        from minirl.toy.tiny import tiny_model_path
+        with BUILDING:  # the first call builds it (a from_pretrained elsewhere sets the default dtype meanwhile)
+            return str(tiny_model_path())
+    if name == "tiny-code":
+        from minirl.toy.tiny_code import tiny_code_model_path
+        with BUILDING:
+            return str(tiny_code_model_path())
+    if name == "smollm2-135m":
+        from minirl.toy.smollm2 import smollm2_path
+        try:
+            with BUILDING:
+                return str(smollm2_path())
+        except FileNotFoundError as e:
+            raise ModelNotFoundError(str(e)) from None
+    path = Path(name).expanduser()
+    # offline, a name that is no folder cannot be a hub model either: say so instead of a hub traceback
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+    if not path.exists() and (name.startswith((".", "/", "~")) or offline):
+        raise ModelNotFoundError(f"model_name_or_path {name!r} does not exist; pass a folder written by "
+                                 "save_pretrained, 'tiny' for the built-in toy model or 'smollm2-135m'")
+    return str(path) if path.exists() else name
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The compute dtype: bf16 on a GPU for "auto", fp32 on a CPU."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def autocast(device: torch.device, dtype: torch.dtype):
+    """Compute matmuls in `dtype` (bf16/fp16) over fp32 weights; nothing changes for float32."""
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+
+
+def config_dtype(path: str) -> torch.dtype:
+    """The dtype a model's own config declares (what its weights were published in): the dtype to save in."""
+    from transformers import AutoConfig
+    dtype = getattr(AutoConfig.from_pretrained(adapter_base(path) or path), "dtype", None)
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype or torch.float32
+
+
+def pick_attn_implementation(name: str) -> str:
+    if name != "auto":
+        return name
+    try:
+        import flash_attn  # noqa: F401  (GPU only, optional: requirements-gpu.txt)
+        return "flash_attention_2" if torch.cuda.is_available() else "sdpa"
+    except ImportError:
+        return "sdpa"
+
+
+def adapter_base(path: str) -> str | None:
+    """The base model of a peft adapter folder (adapter_config.json), else None."""
+    config = Path(path) / "adapter_config.json"
+    if not config.is_file():
+        return None
+    import json
+    return json.loads(config.read_text())["base_model_name_or_path"]
+
+
+def load_tokenizer(path: str):
+    """AutoTokenizer with left padding (generation appends on the right) and a pad token. An adapter folder
+    uses its base model's tokenizer (LoRA does not change it; AutoTokenizer needs the base's config)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(adapter_base(path) or path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:  # many base models ship none; eos is safe because masks exclude padding
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def quantization_config(bits: int):
+    """bitsandbytes 4-bit (NF4, bf16 compute) or 8-bit base weights; a clear error where they cannot work."""
+    import importlib.util
+    if importlib.util.find_spec("bitsandbytes") is None or not torch.cuda.is_available():
+        raise RuntimeError(f"load_in_bits={bits} needs a CUDA GPU and the bitsandbytes package "
+                           "(pip install bitsandbytes); use load_in_bits: 0 on this machine")
+    from transformers import BitsAndBytesConfig
+    if bits == 4:
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
+    return BitsAndBytesConfig(load_in_8bit=True)
+
+
+# Models are built one at a time in a process: from_pretrained builds on the meta device by patching torch
+# process-wide for the length of the call, so a model built on another thread meanwhile (two sessions' clients
+# created at once) got meta weights ("Cannot copy out of meta tensor"). Reentrant: build_policy holds it too.
+BUILDING = threading.RLock()
+
+
+def load_model(path: str, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa",
+               gradient_checkpointing: bool = False, load_in_bits: int = 0):
+    """A causal LM from a folder: a full model, a merged LoRA model, or a peft adapter on its base model."""
+    with BUILDING:
+        return _load_model(path, dtype, attn_implementation, gradient_checkpointing, load_in_bits)
+
+
+def _load_model(path, dtype, attn_implementation, gradient_checkpointing, load_in_bits):
+    from transformers import AutoModelForCausalLM
+
+    if load_in_bits:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation,
+                                                     quantization_config=quantization_config(load_in_bits),
+                                                     device_map={"": torch.cuda.current_device()})
+    elif adapter_base(path) is not None:
+        from peft import AutoPeftModelForCausalLM
+        model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    return model
+
+
+def add_lora(model, rank: int, alpha: int, dropout: float = 0.0, target_modules: str = "all-linear"):
+    """Wrap the policy in a peft LoRA adapter; only the adapter's weights train. target_modules: peft's
+    "all-linear" or comma-separated module names."""
+    from peft import LoraConfig, get_peft_model
+    targets = target_modules if target_modules == "all-linear" else \
+        [t.strip() for t in target_modules.split(",") if t.strip()]
+    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
+                                            target_modules=targets, task_type="CAUSAL_LM"))
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Recompute each layer's activations in backward. Non-reentrant checkpointing works with frozen inputs
+    (LoRA) and with FSDP. (transformers 5 renamed the method; both names are tried.)"""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """Every dropout in the model off, so that train mode computes what generate samples from (eval mode):
+    with dropout, the old log-probs of a rollout already differ from the sampler's and ratio != 1. As TRL's
+    `disable_dropout_in_model` (trl/trainer/utils.py) this zeroes each nn.Dropout's p; it also zeroes the
+    rates that attention modules keep as floats and pass to their attention kernel (`attention_dropout`)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float):
+                setattr(module, name, 0.0)
+    return model
+
+
+def build_policy(path: str, device: torch.device, dtype: torch.dtype, attn_implementation: str = "sdpa",
+                 lora: dict | None = None, gradient_checkpointing: bool = False, load_in_bits: int = 0,
+                 seed: int = 0, keep_dropout: bool = False):
+    """The policy to train, in train mode on `device`: the model at `path`, with a LoRA adapter when `lora`
+    (keys rank, alpha, dropout, target_modules) is given. train.py and the sessions' TrainingClient both build
+    theirs here. Its dropout is off unless `keep_dropout` (disable_dropout says why), and a model whose
+    log-probs minirl does not compute exactly is refused (logprobs.check_exact).
+
+    Precision: trained weights stay fp32 and compute runs in `dtype` (autocast or FSDP's mixed precision), since
+    bf16 weights would round away most updates at lr 1e-6. A frozen base (LoRA, quantised) is held in `dtype`;
+    peft keeps the adapter in fp32 over it. The adapter is drawn from a generator of its own seeded by `seed`
+    (init_adapter), so every process, and every thread whatever the others draw meanwhile, builds the same one;
+    peft's own draws run under fork_rng, so the caller's global random stream is left where it was."""
+    frozen_base = bool(lora) or bool(load_in_bits)
+    with BUILDING:
+        model = load_model(path, dtype if frozen_base else torch.float32, attn_implementation,
+                           gradient_checkpointing, load_in_bits)
+        model = model if load_in_bits else model.to(device)  # a quantised model is put on its GPU by from_pretrained
+        check_exact(model)
+        if lora:  # peft's own init draws from the global generator; init_adapter overwrites what it drew
+            cuda = [d.index or 0 for d in {p.device for p in model.parameters()} if d.type == "cuda"]
+            with torch.random.fork_rng(devices=cuda):  # so the caller's stream is where it was
+                model = add_lora(model, lora["rank"], lora["alpha"], lora.get("dropout", 0.0),
+                                 lora.get("target_modules", "all-linear"))
+            init_adapter(model, seed)
+    return (model if keep_dropout else disable_dropout(model)).train()
+
+
+@torch.no_grad()
+def init_adapter(model, seed: int) -> None:
+    """peft's LoRA init, drawn from torch.Generator(seed) instead of torch's global generator (which other
+    threads, unseeded samplers, draw from too). The draws replay peft's after torch.manual_seed(seed), so the
+    adapter is the one a seed always gave: per layer, in creation order, nn.Linear's Kaiming-uniform init of A
+    and of B when they are built, then A's own; B is zero."""
+    from peft.tuners.lora import LoraLayer
+    generator = torch.Generator().manual_seed(seed)
+    kaiming = lambda w: torch.nn.init.kaiming_uniform_(torch.empty(w.shape), a=math.sqrt(5), generator=generator)  # noqa: E731
+    for module in model.modules():
+        if isinstance(module, LoraLayer):
+            for name in module.lora_A:
+                a, b = module.lora_A[name].weight, module.lora_B[name].weight
+                kaiming(a), kaiming(b)
+                a.copy_(kaiming(a))
+                b.zero_()
+
+
+def load_reference(path: str, dtype: torch.dtype, attn_implementation: str, device: torch.device):
+    """The frozen reference policy: eval mode (no dropout), no gradients, checked as the policy is."""
+    model = disable_dropout(load_model(path, dtype=dtype, attn_implementation=attn_implementation).to(device))
+    check_exact(model)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def adapter_disabled(model):
+    """Context in which a peft model runs as its base model (the LoRA reference); a no-op for plain models."""
+    return model.disable_adapter() if hasattr(model, "disable_adapter") else contextlib.nullcontext()

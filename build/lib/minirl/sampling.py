@@ -1,0 +1,117 @@
+"""The sampling stage of a training step (verl's gen and reward): B prompts from the prompt stream, G
+completions each, their rewards, and DAPO's dynamic sampling; then the tensors the trainer's passes take.
+
+    rollout, rows, rewards, position, metrics = sample_and_score(policy, tokenizer, train_rows, scorer, cfg,
+                                                                 position, rank, world, timing)
+    batch = train_batch(rollout, cfg.mask_truncated, device)
+
+Every process samples its own prompts from one seeded stream (data.prompt_indices); `position` counts the
+prompts all processes consumed. Shapes: B prompts, G samples each, N = B*G sequences, R response tokens.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import replace
+from typing import Callable
+
+import torch
+
+from minirl.config import Config
+from minirl.data import prompt_indices, prompt_text
+from minirl.distributed import gathered, global_max, global_min, sum_over_processes
+from minirl.rewards import CODE_VERDICTS, Scorer, overlong_penalty
+from minirl.rollout import Rollout, concat_rollouts, sample, select_groups
+
+
+@contextlib.contextmanager
+def timed(name: str, timing: dict[str, float]):
+    """Add the seconds the block takes to timing[name] (verl's marked_timer; logged as timing_s/<name>)."""
+    t0 = time.perf_counter()
+    yield
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - t0
+
+
+def sample_round(policy, tokenizer, rows: list[dict], scorer: Scorer, cfg: Config, timing: dict[str, float],
+                 generate: Callable | None = None, verdicts: dict[str, int] | None = None
+                 ) -> tuple[Rollout, torch.Tensor]:
+    """gen and reward once: G completions for each row, and their rewards (N,). `generate` has rollout.sample's
+    signature (the vLLM engine's sample, minirl/engines); None: rollout.sample. `verdicts`: the judge's verdict
+    of each judged completion ("no code" when none was extracted) is counted into it."""
+    with timed("gen", timing), gathered(policy):  # FSDP: full weights once per rollout, not per token
+        rollout = (generate or sample)(policy, tokenizer, [prompt_text(r, tokenizer) for r in rows],
+                                       cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
+    with timed("reward", timing):
+        details = scorer.details(rollout.texts, [r for r in rows for _ in range(cfg.group_size)])
+        rewards = torch.tensor([d["reward"] for d in details])
+        if cfg.overlong_buffer:  # DAPO's soft overlong punishment
+            rewards += torch.tensor(overlong_penalty(rollout.response_mask.sum(1).tolist(), cfg.max_new_tokens,
+                                                     cfg.overlong_buffer, cfg.overlong_penalty))
+    for d in details if verdicts is not None else ():
+        if "verdict" in d:
+            verdicts[d["verdict"]] = verdicts.get(d["verdict"], 0) + 1
+    return rollout, rewards.float()
+
+
+def sample_and_score(policy, tokenizer, train_rows: list[dict], scorer: Scorer, cfg: Config, position: int,
+                     rank: int, world: int, timing: dict[str, float], generate: Callable | None = None
+                     ) -> tuple[Rollout, list[dict], torch.Tensor, int, dict[str, float]]:
+    """gen and reward for one step: B prompts from the stream, G completions each, their rewards.
+
+    With DAPO's dynamic sampling, groups whose G rewards are all equal (no learning signal) are dropped and
+    further prompts sampled, for at most max_sampling_rounds rounds, until every process has B groups. Every
+    process runs the same number of rounds and trains the same number of groups (the most any process kept),
+    because the update's collectives (gradient sums, FSDP's gathers) need as many passes everywhere: a process
+    that kept fewer adds padding groups, copies with an empty response mask (no token, no loss, no gradient).
+    Returns (rollout, rows, rewards (N,), new position in the prompt stream, metrics). With a judge, the
+    metrics count the verdicts of every completion sampled (dropped groups too), summed over processes:
+    `critic/verdict/AC`, ..., `critic/verdict/no code`.
+    """
+    B, G = cfg.prompts_per_step, cfg.group_size
+    verdicts: dict[str, int] = {}
+
+    def next_prompts(position: int) -> tuple[list[dict], int]:  # this process's slice; all processes advance
+        rows = [train_rows[i] for i in prompt_indices(position + rank * B, B, len(train_rows), cfg.seed)]
+        return rows, position + B * world
+
+    def counted() -> dict[str, float]:  # the same keys on every process (the sum is a collective)
+        if scorer.judge is None or scorer.reward_fn is not None:
+            return {}
+        return sum_over_processes({f"critic/verdict/{v}": verdicts.get(v, 0) for v in CODE_VERDICTS})
+
+    rows, position = next_prompts(position)
+    rollout, rewards = sample_round(policy, tokenizer, rows, scorer, cfg, timing, generate, verdicts)
+    if not cfg.dynamic_sampling:
+        return rollout, rows, rewards, position, counted()
+    parts, kept_rows, kept_rewards, rounds = [], [], [], 1
+    while True:
+        keep = [g for g in range(B) if rewards[g * G:(g + 1) * G].std() > 0][:B - len(kept_rows)]
+        parts.append(select_groups(rollout, keep))
+        kept_rows += [rows[g] for g in keep]
+        kept_rewards.append(rewards.view(B, G)[keep].reshape(-1))
+        if global_min(len(kept_rows)) == B or rounds >= cfg.max_sampling_rounds:
+            break
+        rows, position = next_prompts(position)
+        rollout, rewards = sample_round(policy, tokenizer, rows, scorer, cfg, timing, generate, verdicts)
+        rounds += 1
+    kept = len(kept_rows)
+    padding = max(int(global_max(kept)), 1) - kept
+    if padding:
+        filler = select_groups(rollout, [0] * padding)
+        parts.append(replace(filler, response_mask=torch.zeros_like(filler.response_mask),
+                             truncated=torch.zeros_like(filler.truncated)))
+        kept_rows += [rows[0]] * padding
+        kept_rewards.append(torch.zeros(padding * G))
+    rollout, rewards = concat_rollouts(parts, tokenizer.pad_token_id), torch.cat(kept_rewards)
+    metrics = sum_over_processes({"batch/groups": kept, "batch/groups_dropped": rounds * B - kept})
+    return rollout, kept_rows, rewards, position, {**metrics, "batch/sampling_rounds": rounds, **counted()}
+
+
+def train_batch(rollout: Rollout, mask_truncated: bool, device: torch.device) -> dict[str, torch.Tensor]:
+    """input_ids, attention_mask (N, P+R) and response_mask (N, R) on `device`; with mask_truncated (DAPO's
+    overlong filtering) truncated answers get no loss: they teach nothing either way."""
+    mask = rollout.response_mask.clone()
+    if mask_truncated:
+        mask[rollout.truncated] = 0
+    return {"input_ids": rollout.input_ids.to(device), "attention_mask": rollout.attention_mask.to(device),
+            "response_mask": mask.to(device)}
