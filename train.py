@@ -52,7 +52,7 @@ from minirl.judge.backends import build_judge
 from minirl.logprobs import batched_logprobs
 from minirl.models import (adapter_disabled, autocast, build_policy, config_dtype, load_reference,
                            load_tokenizer, pick_attn_implementation, pick_dtype, resolve_model_path)
-from minirl.rewards import Scorer, build_scorer, is_code
+from minirl.rewards import Scorer, build_scorer, is_code, reward_kind
 from minirl.rollout import Rollout
 from minirl.sampling import sample_and_score, timed, train_batch
 from minirl.update import (LossSettings, compute_advantages, forward_backward, mini_batches, optim_step,
@@ -69,7 +69,8 @@ def validate(model, tokenizer, rows: list[dict], scorer: Scorer, cfg: Config, ra
                            greedy=cfg.val_greedy, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                            scorer=scorer)
     sources = sorted({r["data_source"] for r in rows})
-    code = {r["data_source"] for r in rows if is_code(r)}
+    code = {r["data_source"] for r in rows if is_code(r)} if scorer.judge is not None and scorer.reward_fn is None \
+        else set()
     sums = torch.tensor([[sum(r["reward"] for r in records if r["data_source"] == s),
                           sum(1 for r in records if r["data_source"] == s),
                           sum(1 for r in records if r["data_source"] == s and r.get("verdict") == "AC")]
@@ -186,6 +187,8 @@ def main(argv: list[str] | None = None) -> dict:
     val_rows = load_rows(cfg.val_files, split="test", limit=cfg.val_max_samples) if cfg.val_files else []
     # the sandboxed judge pool, one for the run, only for code rows: the scorer takes anything with run_many
     needs_judge = any(map(is_code, train_rows + val_rows)) and not cfg.reward_fn
+    for source in set() if cfg.reward_fn else {r["data_source"] for r in train_rows + val_rows if not is_code(r)}:
+        reward_kind(source)  # an unknown data_source fails now, on every process, not when the stream draws it
     judge = build_judge(cfg) if needs_judge else None
     scorer = build_scorer(cfg, judge)
 

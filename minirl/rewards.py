@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Callable
 
+from minirl.data import DataError
+
 _GSM8K_ANSWER = re.compile(r"####\s*\$?\s*(-?[\d,]*\.?\d+)")
 _NUMBER = re.compile(r"-?[\d,]*\.?\d+")
 
@@ -206,7 +208,8 @@ REWARD_KINDS = {
     "openai/gsm8k": "gsm8k", "gsm8k": "gsm8k",
     "toy_arithmetic": "gsm8k", "arithmetic": "gsm8k",      # minirl/toy/tiny.py, scripts/make_sums_data.py
     "lighteval/MATH": "math", "DigitalLearningGmbH/MATH-lighteval": "math", "HuggingFaceH4/MATH-500": "math",
-    "math": "math", "math500": "math", "aime24": "math", "aime25": "math", "amc23": "math",
+    "math": "math", "math500": "math", "aime24": "math", "aime25": "math", "amc23": "math", "math_dapo": "math",
+    "aime2024": "math", "aime2025": "math",
     "simplerl_custom": "math",                             # minirl/data.py: SimpleRL's {"instruction", ...} rows
 }
 
@@ -214,7 +217,7 @@ REWARD_KINDS = {
 def reward_kind(data_source: str) -> str:
     """Which built-in verifier scores a dataset, by its exact veRL `data_source` name: "gsm8k" or "math"."""
     if data_source not in REWARD_KINDS:
-        raise ValueError(f"no built-in reward for data_source {data_source!r}: use one of {sorted(REWARD_KINDS)}, "
+        raise DataError(f"no built-in reward for data_source {data_source!r}: use one of {sorted(REWARD_KINDS)}, "
                          "mark code rows with ability: code (judged), pass --reward_fn path.py:function, or add "
                          "the name to minirl/rewards.py:REWARD_KINDS")
     return REWARD_KINDS[data_source]

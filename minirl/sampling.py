@@ -20,7 +20,7 @@ import torch
 from minirl.config import Config
 from minirl.data import prompt_indices, prompt_text
 from minirl.distributed import gathered, global_max, global_min, sum_over_processes
-from minirl.rewards import CODE_VERDICTS, Scorer, overlong_penalty
+from minirl.rewards import CODE_VERDICTS, Scorer, is_code, overlong_penalty
 from minirl.rollout import Rollout, concat_rollouts, sample, select_groups
 
 
@@ -65,7 +65,7 @@ def sample_and_score(policy, tokenizer, train_rows: list[dict], scorer: Scorer, 
     that kept fewer adds padding groups, copies with an empty response mask (no token, no loss, no gradient).
     Returns (rollout, rows, rewards (N,), new position in the prompt stream, metrics). With a judge, the
     metrics count the verdicts of every completion sampled (dropped groups too), summed over processes:
-    `critic/verdict/AC`, ..., `critic/verdict/no code`.
+    `critic/verdict/AC`, ..., `critic/verdict/no code` (a judge error, no server up, counts as RE).
     """
     B, G = cfg.prompts_per_step, cfg.group_size
     verdicts: dict[str, int] = {}
@@ -75,7 +75,7 @@ def sample_and_score(policy, tokenizer, train_rows: list[dict], scorer: Scorer, 
         return rows, position + B * world
 
     def counted() -> dict[str, float]:  # the same keys on every process (the sum is a collective)
-        if scorer.judge is None or scorer.reward_fn is not None:
+        if scorer.judge is None or scorer.reward_fn is not None or not any(map(is_code, train_rows)):
             return {}
         return sum_over_processes({f"critic/verdict/{v}": verdicts.get(v, 0) for v in CODE_VERDICTS})
 

@@ -2,15 +2,20 @@
 # The package as a user installs it: build the wheel, install it into a fresh venv on top of the pinned torch
 # (pip install <wheel>, which resolves pyproject.toml's dependencies from the registry), then from a folder
 # outside the checkout import it and run one GRPO step of recipes/grpo_gsm8k.py on the built-in toy model.
-#   scripts/wheel_check.sh            (~2-4 min, needs the package registry)
+#   scripts/wheel_check.sh            (~3-7 min, needs the package registry; the committed HEAD)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-python3 -m pip wheel -q --no-deps -w "$work/dist" "$root"
+# built from the committed tree (git archive), never in the checkout: setuptools' build/ folder would ship
+# stale files (a module deleted from minirl/ would still be in the wheel)
+mkdir "$work/src" && git -C "$root" archive HEAD | tar -x -C "$work/src"
+python3 -m pip wheel -q --no-deps -w "$work/dist" "$work/src"
 python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install -q --upgrade pip
-"$work/venv/bin/pip" install -q torch==2.13.0               # the pinned CPU wheel first (see pyproject.toml)
+# the pinned CPU wheel first (see pyproject.toml): this project's machines have it on disk, which pip finds;
+# elsewhere pass TORCH_INDEX=https://download.pytorch.org/whl/cpu, or pip takes the multi-GB CUDA build
+"$work/venv/bin/pip" install -q torch==2.13.0 ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
 "$work/venv/bin/pip" install -q "$work"/dist/minirl-*.whl
 mkdir "$work/elsewhere" && cp "$root"/recipes/{grpo_gsm8k,common}.py "$root"/data/arith_{train,test}.jsonl "$work/elsewhere"
 cd "$work/elsewhere"

@@ -70,8 +70,8 @@ def discard(rfile, sock: socket.socket, declared: str | None) -> None:
     left = min(int(declared.strip()) if declared and _DIGITS.fullmatch(declared.strip()) else 0, DISCARD_BYTES)
     end = time.monotonic() + 2.0
     try:
-        sock.settimeout(1.0)
         while left > 0 and time.monotonic() < end:
+            sock.settimeout(min(1.0, max(0.01, end - time.monotonic())))
             chunk = rfile.read1(min(left, 1 << 16))
             if not chunk:
                 break

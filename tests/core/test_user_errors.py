@@ -81,6 +81,14 @@ def test_user_errors_are_one_line_with_status_2(tmp_path, tiny_path, capsys):
     assert "does not exist" in run_user_error(lambda: eval_script.main(
         ["--model", str(tiny_path), "--data", str(tmp_path / "missing.jsonl")]), capsys)
     assert "'lr'" in run_user_error(lambda: train.main(["--lr", "fast"]), capsys)
+    # a data_source no built-in reward knows fails before the first step, naming the table
+    rows = [json.loads(line) for line in (ROOT / "data" / "arith_train.jsonl").open()][:4]
+    mystery = tmp_path / "mystery.jsonl"
+    mystery.write_text("".join(json.dumps({**r, "data_source": "aftermath"}) + "\n" for r in rows))
+    err = run_user_error(lambda: train.main(["--train_files", str(mystery), "--val_files", "", "--output_dir",
+                                             str(tmp_path / "m")]), capsys)
+    assert "'aftermath'" in err and "REWARD_KINDS" in err
+    assert not (tmp_path / "m" / "metrics.jsonl").exists()
 
 
 def test_bad_values_on_the_command_line_exit_2_without_traceback():
