@@ -248,7 +248,8 @@ class Scorer:
     A row's reward: `reward_fn` when given (veRL's custom_reward_function, every row); else the judge for rows
     with `ability: code` (all of a call's programs in one `run_many`, so they run in parallel), else the
     built-in verifier of its data_source (reward_kind). `judge` is anything with `run_many(jobs) -> results`
-    (minirl.judge.Judge); only code rows need one. `extraction` ("strict"/"flexible") is GSM8K's.
+    (minirl.judge.Judge); only code rows need one. `extraction` ("strict"/"flexible") is GSM8K's. Training,
+    validation and eval.py all score through `details` (a subclass that changes rewards overrides it).
     """
     judge: Any = None
     code_style: str = "codefu"

@@ -49,10 +49,10 @@ def install_hooks(hooks: set[str], group_size: int) -> None:
                           pad(out.response_mask, 0), out.truncated, out.texts, out.group_size)
         return out
 
-    class UnevenScorer(train.Scorer):  # the training step's rewards; held-out validation keeps the real ones
-        def __call__(self, texts, rows):
-            rewards = super().__call__(texts, rows)
-            return [0.0 if i < (rank() + 1) * group_size else r for i, r in enumerate(rewards)]
+    class UnevenScorer(train.Scorer):  # details: what the sampling stage scores with (its tests run no validation)
+        def details(self, texts, rows):
+            out = super().details(texts, rows)
+            return [{**d, "reward": 0.0} if i < (rank() + 1) * group_size else d for i, d in enumerate(out)]
 
     def build_scorer(cfg, judge=None):
         s = real_build_scorer(cfg, judge)
