@@ -69,8 +69,7 @@ def validate(model, tokenizer, rows: list[dict], scorer: Scorer, cfg: Config, ra
                            greedy=cfg.val_greedy, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                            scorer=scorer)
     sources = sorted({r["data_source"] for r in rows})
-    code = {r["data_source"] for r in rows if is_code(r)} if scorer.judge is not None and scorer.reward_fn is None \
-        else set()
+    code = {r["data_source"] for r in rows if is_code(r)} if scorer.judges_code else set()
     sums = torch.tensor([[sum(r["reward"] for r in records if r["data_source"] == s),
                           sum(1 for r in records if r["data_source"] == s),
                           sum(1 for r in records if r["data_source"] == s and r.get("verdict") == "AC")]

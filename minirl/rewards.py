@@ -261,6 +261,11 @@ class Scorer:
                                     functools.partial(gsm8k_reward, method=self.extraction)),
                           "math": (last_boxed, math_reward)}
 
+    @property
+    def judges_code(self) -> bool:
+        """Whether code rows get the judge's verdicts (a judge, and no reward_fn in its place)."""
+        return self.judge is not None and self.reward_fn is None
+
     def __call__(self, completions: list[str], rows: list[dict]) -> list[float]:
         return [d["reward"] for d in self.details(completions, rows)]
 

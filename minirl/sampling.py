@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import Counter
 from dataclasses import replace
 from typing import Callable
 
@@ -33,7 +34,7 @@ def timed(name: str, timing: dict[str, float]):
 
 
 def sample_round(policy, tokenizer, rows: list[dict], scorer: Scorer, cfg: Config, timing: dict[str, float],
-                 generate: Callable | None = None, verdicts: dict[str, int] | None = None
+                 generate: Callable | None = None, verdicts: Counter | None = None
                  ) -> tuple[Rollout, torch.Tensor]:
     """gen and reward once: G completions for each row, and their rewards (N,). `generate` has rollout.sample's
     signature (the vLLM engine's sample, minirl/engines); None: rollout.sample. `verdicts`: the judge's verdict
@@ -47,9 +48,8 @@ def sample_round(policy, tokenizer, rows: list[dict], scorer: Scorer, cfg: Confi
         if cfg.overlong_buffer:  # DAPO's soft overlong punishment
             rewards += torch.tensor(overlong_penalty(rollout.response_mask.sum(1).tolist(), cfg.max_new_tokens,
                                                      cfg.overlong_buffer, cfg.overlong_penalty))
-    for d in details if verdicts is not None else ():
-        if "verdict" in d:
-            verdicts[d["verdict"]] = verdicts.get(d["verdict"], 0) + 1
+    if verdicts is not None:
+        verdicts.update(d["verdict"] for d in details if "verdict" in d)
     return rollout, rewards.float()
 
 
@@ -68,16 +68,16 @@ def sample_and_score(policy, tokenizer, train_rows: list[dict], scorer: Scorer, 
     `critic/verdict/AC`, ..., `critic/verdict/no code` (a judge error, no server up, counts as RE).
     """
     B, G = cfg.prompts_per_step, cfg.group_size
-    verdicts: dict[str, int] = {}
+    verdicts: Counter = Counter()
 
     def next_prompts(position: int) -> tuple[list[dict], int]:  # this process's slice; all processes advance
         rows = [train_rows[i] for i in prompt_indices(position + rank * B, B, len(train_rows), cfg.seed)]
         return rows, position + B * world
 
     def counted() -> dict[str, float]:  # the same keys on every process (the sum is a collective)
-        if scorer.judge is None or scorer.reward_fn is not None or not any(map(is_code, train_rows)):
+        if not scorer.judges_code or not any(map(is_code, train_rows)):
             return {}
-        return sum_over_processes({f"critic/verdict/{v}": verdicts.get(v, 0) for v in CODE_VERDICTS})
+        return sum_over_processes({f"critic/verdict/{v}": verdicts[v] for v in CODE_VERDICTS})
 
     rows, position = next_prompts(position)
     rollout, rewards = sample_round(policy, tokenizer, rows, scorer, cfg, timing, generate, verdicts)

@@ -2,6 +2,7 @@
 one job of `run_many`, the check of the jobs' languages, and `with`."""
 from __future__ import annotations
 
+from minirl.judge.compile import MESSAGE_LIMIT
 from minirl.judge.verdict import LANGUAGES, JudgeResult
 
 
@@ -33,3 +34,9 @@ class JudgeFrontend:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def unjudged(message: str, total: int) -> JudgeResult:
+    """The verdict of a job that no judge could take (every server down, no node alive): RE with no test
+    counted, its message starting "judge error" as verdict.judge_error's; never raised."""
+    return JudgeResult("RE", 0, total, message=f"judge error: {message}"[:MESSAGE_LIMIT])

@@ -37,8 +37,7 @@ from ray.exceptions import RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from minirl.judge import Judge, JudgeResult
-from minirl.judge.frontend import JudgeFrontend
-from minirl.judge.verdict import judge_error
+from minirl.judge.frontend import JudgeFrontend, unjudged
 from minirl.judge.pool import require_isolation
 
 log = logging.getLogger(__name__)
@@ -120,7 +119,7 @@ class RayJudge(JudgeFrontend):
                     continue
                 for start, _ in pending:
                     for k in range(start, min(start + size, len(jobs))):
-                        results[k] = judge_error("no Ray node with a judge is alive", len(jobs[k]["tests"]))
+                        results[k] = unjudged("no Ray node with a judge is alive", len(jobs[k]["tests"]))
                 break
             done, _ = ray.wait(list(running), num_returns=1, timeout=self.poll_s)
             for ref in done:
@@ -130,7 +129,7 @@ class RayJudge(JudgeFrontend):
                     results[start:start + len(chunk)] = [JudgeResult(**d) for d in ray.get(ref)]
                 except RayTaskError as e:  # Judge.run_many raised: a bug in the judge, not a lost node
                     log.error("a node's judge failed on a chunk", exc_info=e)
-                    results[start:start + len(chunk)] = [judge_error(str(e)[:300], len(j["tests"])) for j in chunk]
+                    results[start:start + len(chunk)] = [unjudged(str(e)[:300], len(j["tests"])) for j in chunk]
                 except RayError as e:  # the node or its judge is gone: the chunk goes to a survivor
                     log.warning("judge on node %s lost (%s); resending its chunk", node_id[:8], type(e).__name__)
                     self._actors.pop(node_id, None)
@@ -138,7 +137,7 @@ class RayJudge(JudgeFrontend):
                         pending.appendleft((start, attempts + 1))
                     else:
                         results[start:start + len(chunk)] = [
-                            judge_error(f"chunk lost {attempts + 1} times ({type(e).__name__})", len(j["tests"]))
+                            unjudged(f"chunk lost {attempts + 1} times ({type(e).__name__})", len(j["tests"]))
                             for j in chunk]
         return results
 

@@ -37,8 +37,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from minirl.judge import JudgeResult, outputs_match
-from minirl.judge.frontend import JudgeFrontend
-from minirl.judge.verdict import judge_error
+from minirl.judge.frontend import JudgeFrontend, unjudged
 
 log = logging.getLogger(__name__)
 SERVER_NAME = "minirl-judge"       # minirl/judge/server.py's Server header
@@ -99,7 +98,7 @@ class RemoteJudge(JudgeFrontend):
                     self._failures.pop(url, None)
                 return result
             except Refused as e:
-                return judge_error(f"the server refused the job: {e}", len(job["tests"]))
+                return unjudged(f"the server refused the job: {e}", len(job["tests"]))
             except Unavailable as e:
                 error = f"{url}: {e}"
                 with self._lock:
@@ -108,7 +107,7 @@ class RemoteJudge(JudgeFrontend):
                 if attempt % n == n - 1:  # a whole round failed: give the servers a moment
                     time.sleep(min(2.0, 0.25 * 2 ** (attempt // n)))
         log.error("no judge server answered for a job (%s)", error)
-        return judge_error(f"no judge server answered ({error})", len(job["tests"]))
+        return unjudged(f"no judge server answered ({error})", len(job["tests"]))
 
     def _pick(self, i: int) -> str:
         """URL i mod n, or the next one not marked down (all down: that one anyway, as a last resort)."""

@@ -41,7 +41,7 @@ from http.server import BaseHTTPRequestHandler
 
 from minirl.http_server import BackgroundServer
 from minirl.judge import Judge, JudgeResult
-from minirl.judge.server_guard import GuardedHTTPServer, RequestError, content_length, discard, parse_body
+from minirl.judge.server_guard import GuardedHTTPServer, RequestError, content_length, parse_body, refuse
 
 MAX_BODY_BYTES = 256 << 20         # a program and its tests (CodeContests problems carry MBs of tests)
 LANGUAGES = ("cpp", "python")      # SandboxFusion's names for the two languages minirl judges
@@ -266,12 +266,6 @@ def _handler(server: JudgeServer):
             self.end_headers()
             self.wfile.write(data)
 
-        def refuse(self, status: int, detail: str) -> None:
-            """Answer without keeping the body, then close (server_guard.discard says why it is drained)."""
-            self.close_connection = True
-            self.send_json(status, {"detail": detail})
-            discard(self.rfile, self.connection, self.headers.get("Content-Length"))
-
         def do_GET(self):
             server.httpd.working(self.connection)
             if self.path.rstrip("/") == "/v1/ping":
@@ -285,9 +279,9 @@ def _handler(server: JudgeServer):
                     raise RequestError("send the body with a Content-Length, not a Transfer-Encoding")
                 length = content_length(self.headers.get("Content-Length"), MAX_BODY_BYTES)
             except RequestError as e:                   # the body (if any) is not read: nothing after it parses
-                return self.refuse(413, str(e))
+                return refuse(self, 413, str(e))
             if not server.httpd.take_body(length):      # the server-wide budget of bodies held: 503, unread
-                return self.refuse(503, "the server holds its limit of request bodies; retry")
+                return refuse(self, 503, "the server holds its limit of request bodies; retry")
             try:
                 self._post(path, length)
             finally:

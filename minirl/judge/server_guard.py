@@ -64,6 +64,13 @@ def content_length(value: str | None, limit: int) -> int:
     return int(value)
 
 
+def refuse(handler, status: int, detail: str) -> None:
+    """Answer a request without keeping its body (handler: server.py's), drain the body (`discard`), close."""
+    handler.close_connection = True
+    handler.send_json(status, {"detail": detail})
+    discard(handler.rfile, handler.connection, handler.headers.get("Content-Length"))
+
+
 def discard(rfile, sock: socket.socket, declared: str | None) -> None:
     """Read and drop up to the declared body (at most DISCARD_BYTES) for at most 2 s, so that a refused
     client reads its reply before the socket closes."""

@@ -106,13 +106,9 @@ def judge_job(source: str, language: str, tests: list[dict], time_limit_s: float
             lease.release()
 
 
-def judge_error(cause: Exception | str, total: int) -> JudgeResult:
-    """The verdict of a job the judge could not judge (the judge's fault, or no server or node to take it):
-    RE with no test counted and a message starting "judge error", never raised."""
-    if isinstance(cause, Exception):
-        log.error("judge error on one job", exc_info=cause)
-        cause = f"{type(cause).__name__}: {cause}"
-    return JudgeResult("RE", 0, total, message=f"judge error: {cause}"[:MESSAGE_LIMIT])
+def judge_error(e: Exception, total: int) -> JudgeResult:
+    log.error("judge error on one job", exc_info=e)
+    return JudgeResult("RE", 0, total, message=f"judge error: {type(e).__name__}: {e}"[:MESSAGE_LIMIT])
 
 
 class Job:
