@@ -87,8 +87,8 @@ def is_on_policy(cfg: Config) -> bool:
     return cfg.ppo_epochs == 1 and cfg.mini_batches == 1 and not cfg.kl_in_reward
 
 
-def update(model, optimizer, scheduler, batch: dict[str, torch.Tensor], cfg: Config, step_fn, prefix: str,
-           micro_batch_size: int, dtype: torch.dtype) -> dict[str, float]:
+def mini_batch_steps(model, optimizer, scheduler, batch: dict[str, torch.Tensor], cfg: Config, step_fn,
+                     prefix: str, micro_batch_size: int, dtype: torch.dtype) -> dict[str, float]:
     """ppo_epochs passes over mini-batches of whole groups, one optimizer step each. step_fn(mb, num_tokens,
     num_seqs, micro_batch_size) accumulates one mini-batch's gradients (normalised by the step's counts over
     all processes) and returns this process's share of its metrics.
@@ -250,11 +250,11 @@ def main(argv: list[str] | None = None) -> dict:
             m_update = {}
             if critic is not None:
                 with timed("update_critic", timing):
-                    m_update = update(critic, critic_optimizer, None, {**batch, "returns": returns}, cfg,
-                                      critic_step, "critic", mbs, dtype)
+                    m_update = mini_batch_steps(critic, critic_optimizer, None, {**batch, "returns": returns},
+                                                cfg, critic_step, "critic", mbs, dtype)
             with timed("update_actor", timing):
-                m_update.update(update(policy, optimizer, scheduler, batch, cfg, actor_step, "actor", mbs,
-                                       dtype))
+                m_update.update(mini_batch_steps(policy, optimizer, scheduler, batch, cfg, actor_step, "actor",
+                                                 mbs, dtype))
             if val_rows and (step == cfg.max_steps or (cfg.val_every and step % cfg.val_every == 0)):
                 with timed("testing", timing), autocast(device, dtype):
                     val = validate(policy, tokenizer, val_rows, scorer, cfg, rank, world)

@@ -51,9 +51,6 @@ def global_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-all_reduce_sum = global_sum  # the name the sessions API and recipes use
-
-
 def global_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     """sum(x * mask) / sum(mask) over every process's entries, as one process holding them all computes it
     (e.g. the entropy per response token); 0 where the mask is empty everywhere."""

@@ -1,6 +1,6 @@
 """Per-token log-probabilities of responses under a causal LM: the trainer's teacher-forced forward pass.
 
-The definition is `reference_logprobs`: log_softmax(model(ids).logits / T) at the response tokens, the
+The definition is `logprobs_by_definition`: log_softmax(model(ids).logits / T) at the response tokens, the
 distribution `generate` samples from. `token_logprobs` computes the same numbers with two optimisations:
 
 1. The LM head chunk by chunk (`chunked_logprobs`). It never builds the (N, R, V) fp32 log-softmax: the body's
@@ -32,8 +32,8 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def reference_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int,
-                       temperature: float = 1.0) -> torch.Tensor:
+def logprobs_by_definition(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int,
+                           temperature: float = 1.0) -> torch.Tensor:
     """What token_logprobs computes, without its optimisations: the whole (N, P+R, V) logits at once. -> (N, R)"""
     R = num_response_tokens
     logits = model(input_ids=input_ids, attention_mask=attention_mask,
@@ -79,7 +79,7 @@ class InexactModelError(ConfigError):
 
 @torch.no_grad()
 def check_exact(model, tolerance: float | None = None) -> None:
-    """Refuse a model (InexactModelError) unless token_logprobs equals reference_logprobs on a short batch: two
+    """Refuse a model (InexactModelError) unless token_logprobs equals logprobs_by_definition on a short batch: two
     rows sharing a prompt, then a left-padded one. Costs three forward passes over 3 x 12 tokens at load."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     name = type(model).__name__
@@ -95,7 +95,7 @@ def check_exact(model, tolerance: float | None = None) -> None:
     model.eval()
     try:
         ours = token_logprobs(model, ids, mask, 4)[0]
-        theirs = reference_logprobs(model, ids, mask, 4)
+        theirs = logprobs_by_definition(model, ids, mask, 4)
     except Exception as e:  # noqa: BLE001  (a body that takes no position_ids, no decoder, ...)
         raise InexactModelError(f"minirl cannot run its forward pass on {name}: {type(e).__name__}: {e}; see "
                                 "docs/architectures.md") from e
@@ -119,7 +119,7 @@ MAX_CHUNK_TOKENS = 128      # and at most 128 tokens (16 MB at V=32k), still lar
 def _chunk_logp(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module, transform,
                 temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """hidden (n, H), targets (n,) -> logp (n,) fp32 (with its graph), entropy (n,) or None (a metric: no graph).
-    The chunk's (n, V) logits die here; the fused log-softmax and gather are those of reference_logprobs."""
+    The chunk's (n, V) logits die here; the fused log-softmax and gather are those of logprobs_by_definition."""
     logits = lm_head(hidden).float()                                        # (n, V)
     if transform is not None:
         logits = transform(logits)
@@ -229,7 +229,9 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     input_ids/attention_mask: (N, P+R), prompt left-padded then response right-padded. Returns (N, R) fp32
     tensors aligned with the response tokens (values at padding are meaningless; mask them).
     """
-    sharded = getattr(model, "minirl_token_logprobs", None)  # FSDP: the root's forward hooks run around it
+    # distributed.shard() gives an FSDP model a `minirl_token_logprobs` method registered as a forward method,
+    # so that the root's hooks gather the shards around this whole pass; every other model has none
+    sharded = getattr(model, "minirl_token_logprobs", None)
     if sharded is not None:
         return sharded(input_ids, attention_mask, num_response_tokens, temperature, chunk_tokens, with_entropy)
     return _token_logprobs_unsharded(model, input_ids, attention_mask, num_response_tokens, temperature,
@@ -255,3 +257,12 @@ def _token_logprobs_unsharded(model, input_ids: torch.Tensor, attention_mask: to
     hidden = states_before_responses(model, input_ids, attention_mask, R, share_prompts)          # (N, R, H)
     return chunked_logprobs(hidden, input_ids[:, -R:], model.get_output_embeddings(), temperature, chunk_tokens,
                             with_entropy, final_logits_transform(model))
+
+
+def __getattr__(name: str):
+    """`reference_logprobs`, this function's name before 0.3.1 (CHANGELOG), still resolves, with a warning."""
+    if name == "reference_logprobs":
+        import warnings
+        warnings.warn("minirl.logprobs.reference_logprobs is now logprobs_by_definition", DeprecationWarning, 2)
+        return logprobs_by_definition
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

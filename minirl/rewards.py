@@ -158,9 +158,10 @@ def as_problem(ground_truth) -> dict:
     return json.loads(ground_truth) if isinstance(ground_truth, str) else ground_truth
 
 
-def judge_job(source: str, problem: dict) -> dict:
-    """The judge's job for one program: `problem` is a code row's ground truth ({"tests": [{"input",
-    "output"}], "language": "cpp"|"python", "time_limit_s", "memory_limit_mb", "float_tolerance"?})."""
+def judge_request(source: str, problem: dict) -> dict:
+    """What the judge runs for one program (the keyword arguments of minirl.judge.judge_job): `problem` is a code
+    row's ground truth ({"tests": [{"input", "output"}], "language": "cpp"|"python", "time_limit_s",
+    "memory_limit_mb", "float_tolerance"?})."""
     return dict(source=source, language=problem.get("language", "python"), tests=problem["tests"],
                 time_limit_s=float(problem.get("time_limit_s", 2.0)),
                 memory_limit_mb=int(problem.get("memory_limit_mb", 256)),
@@ -169,10 +170,10 @@ def judge_job(source: str, problem: dict) -> dict:
 
 def judge_completions(completions: list[str], problems: list, judge) -> list:
     """JudgeResult per completion (None where no code block was found), all judged in one `run_many`.
-    problems: code rows' `reward_model.ground_truth` (dicts or JSON strings, see judge_job)."""
+    problems: code rows' `reward_model.ground_truth` (dicts or JSON strings, see judge_request)."""
     problems = [as_problem(p) for p in problems]
     sources = [extract_code(c, p.get("language", "python")) for c, p in zip(completions, problems, strict=True)]
-    jobs = [judge_job(src, p) for src, p in zip(sources, problems) if src is not None]
+    jobs = [judge_request(src, p) for src, p in zip(sources, problems) if src is not None]
     results = iter(judge.run_many(jobs)) if jobs else iter(())
     return [next(results) if src is not None else None for src in sources]
 
@@ -307,15 +308,10 @@ def build_scorer(cfg, judge=None) -> Scorer:
                   load_reward_fn(cfg.reward_fn) if cfg.reward_fn else None)
 
 
-def score_details(completions: list[str], rows: list[dict], judge=None, code_style: str = "codefu",
-                  extraction: str = "strict", reward_fn: Callable | None = None) -> list[dict]:
-    """`Scorer(...).details(completions, rows)` in one call."""
-    return Scorer(judge, code_style, extraction, reward_fn).details(completions, rows)
-
-
-def score(completions: list[str], rows: list[dict], *args, **kwargs) -> list[float]:
+def score(completions: list[str], rows: list[dict], judge=None, code_style: str = "codefu",
+          extraction: str = "strict", reward_fn: Callable | None = None) -> list[float]:
     """`Scorer(...)(completions, rows)` in one call: one float per completion."""
-    return [d["reward"] for d in score_details(completions, rows, *args, **kwargs)]
+    return Scorer(judge, code_style, extraction, reward_fn)(completions, rows)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,14 +1,13 @@
-"""Rollouts: sample G completions per prompt, with minirl's decode loop or Hugging Face `generate`.
+"""Rollouts: sample G completions per prompt, and the choice of the engine that generates them.
 
 `sample` is the first of the four stages of a training step (sample -> score -> forward_backward -> optim_step).
-It uses the KV cache and left padding. For most models it runs minirl.decode's loop: each prompt is prefilled
-once and its cache copied to its G rows, and rows that have ended leave the batch; it gives generate's tokens
-(that module says why and where it does not apply). Otherwise it runs `generate` over each prompt repeated G
-times, with every generation parameter passed explicitly in a fresh `GenerationConfig`, so a model's shipped
-`generation_config.json` (a repetition penalty, a default top_p, ...) cannot change the sampling distribution
-the loss assumes; the loop applies no processor but ours, so it cannot either.
-
-Sampling is minirl/sampler.py's: the warpers, then a Gumbel-max draw, the same in both paths.
+It left-pads the prompts, gives each row its own budget, and hands the batch to an engine (minirl/engines/):
+- minirl's decode loop (engines/decode.py) for most models: each prompt prefilled once and its KV cache
+  copied to its G rows, rows that have ended leave the batch; it gives generate's tokens;
+- Hugging Face `generate` (engines/hf_generate.py), the reference path, for the models the loop cannot take
+  (`shares_prompts` says which).
+Both sample with minirl/sampler.py (the warpers, then a Gumbel-max draw), so a seed gives the same tokens in
+either. What comes back is made a Rollout here: each row ends at its first EOS or stop string, or its budget.
 
 Shapes: B prompts, G samples per prompt, N = B*G sequences (group by group: rows i*G..i*G+G-1 belong to
 prompt i), P prompt tokens (left-padded), R <= max_new_tokens response tokens (right-padded).
@@ -19,9 +18,9 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-from transformers import LogitsProcessorList
-
-from minirl.sampler import GumbelNoise, sampling_processors, warpers
+from minirl.engines import decode, hf_generate
+from minirl.logprobs import length_dependent_rope
+from minirl.sampler import sampling_processors, warpers
 
 
 @dataclass
@@ -99,13 +98,13 @@ def sample(model, tokenizer, prompts: list[str] | list[list[int]], group_size: i
     try:
         response_ids = None
         if shares_prompts(model, enc.input_ids.shape[1]):  # each prompt prefilled once, finished rows dropped
-            from minirl.decode import decode
-            response_ids = decode(model, enc.input_ids, enc.attention_mask, group_size, budget,
-                                  [] if greedy else warpers(temperature, top_p, top_k), not greedy, eos_ids,
-                                  tokenizer.pad_token_id, _stop_criteria(tokenizer, stop), budgets, generator)
+            response_ids = decode.decode(model, enc.input_ids, enc.attention_mask, group_size, budget,
+                                         [] if greedy else warpers(temperature, top_p, top_k), not greedy, eos_ids,
+                                         tokenizer.pad_token_id, _stop_criteria(tokenizer, stop), budgets, generator)
         if response_ids is None:  # None: the model's cache cannot be shared between rows
             processors = [] if greedy else sampling_processors(temperature, top_p, top_k, generator)
-            response_ids = _generate(model, tokenizer, prompt_ids, prompt_mask, budgets, eos_ids, processors, stop)
+            response_ids = hf_generate.generate(model, tokenizer, prompt_ids, prompt_mask, budgets, eos_ids,
+                                                processors, stop)
     finally:
         model.train(was_training)
     return make_rollout(tokenizer, prompt_ids, prompt_mask, response_ids, eos_ids, group_size, stop, budgets)
@@ -133,77 +132,17 @@ def make_rollout(tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
 
 
 def shares_prompts(model, prompt_tokens: int) -> bool:
-    """Whether minirl.decode's loop (each prompt prefilled once, finished rows dropped) gives what generate
+    """Whether minirl's decode loop (each prompt prefilled once, finished rows dropped) gives what generate
     gives. Not for RoPE variants whose frequencies depend on the longest position in the call (a prefill one
     token shorter, or a batch that loses rows, would change them), nor for one-token prompts (nothing to
-    prefill). The cache type is checked after the prefill (minirl.decode)."""
-    from minirl.logprobs import length_dependent_rope
+    prefill). The cache type is checked after the prefill (engines/decode.py)."""
     return prompt_tokens > 1 and not length_dependent_rope(model)
 
 
 def _stop_criteria(tokenizer, stop: list[str] | None):
-    """generate's own test of "the text now ends with a stop string", for minirl.decode's loop."""
+    """generate's own test of "the text now ends with a stop string", for the decode loop."""
     from transformers import StopStringCriteria
     return StopStringCriteria(tokenizer, list(stop)) if stop else None
-
-
-def _generate(model, tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, budgets: torch.Tensor,
-              eos_ids: list[int], processors: list, stop: list[str] | None) -> torch.Tensor:
-    """Hugging Face generate over the N repeated rows: the path for the models minirl.decode does not take.
-    Each row ends at its own budget (N,). -> (N, R') response ids, rows that ended early padded.
-    generate keeps feeding a finished row, so the batch's padded width plus its largest budget must fit the
-    context (else learned positions (GPT-2, OPT) run off their table and dynamic RoPE rescales every row):
-    where they do not, the rows run as groups that fit, one generate each, drawing one generate's noise
-    (minirl/generate_groups.py)."""
-    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if context is None or prompt_ids.shape[1] + int(budgets.max()) <= context:
-        return _generate_rows(model, tokenizer, prompt_ids, prompt_mask, budgets, eos_ids, processors, stop)
-    from minirl.generate_groups import NoiseSteps, fitting_groups, with_group_noise
-    lengths, parts = prompt_mask.sum(1), []
-    noise = [p for p in processors if isinstance(p, GumbelNoise)]
-    steps = NoiseSteps(prompt_ids.shape[0], noise[0].generator) if noise else None
-    for idx in fitting_groups(lengths.tolist(), budgets.tolist(), context):
-        rows = torch.tensor(idx, dtype=torch.long, device=prompt_ids.device)
-        width = int(lengths[rows].max())  # the group's own padded width
-        parts.append((rows, _generate_rows(model, tokenizer, prompt_ids[rows, -width:], prompt_mask[rows, -width:],
-                                           budgets[rows], eos_ids, with_group_noise(processors, steps, rows, width),
-                                           stop)))
-    out = prompt_ids.new_full((prompt_ids.shape[0], max(p.shape[1] for _, p in parts)), tokenizer.pad_token_id)
-    for rows, part in parts:
-        out[rows, :part.shape[1]] = part
-    return out
-
-
-def _generate_rows(model, tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, budgets: torch.Tensor,
-                   eos_ids: list[int], processors: list, stop: list[str] | None) -> torch.Tensor:
-    """One generate over these rows, each ending at its own budget. -> (n, R') response ids."""
-    from transformers import GenerationConfig, StoppingCriteriaList
-    max_new_tokens, P = int(budgets.max()), prompt_ids.shape[1]
-    # a row whose budget is spent ends as at an EOS (generate then feeds it padding, which make_rollout masks)
-    at_budget = lambda ids, scores, **kw: ids.shape[1] - P >= budgets.to(ids.device)  # noqa: E731
-    # generate() fills every field we leave unset (None) from the model's generation_config, then from HF's
-    # global defaults (top_k=50!). So start from those global defaults and set every field ourselves; the
-    # sampling fields keep their defaults, because the sampling happens in our processors (module docstring).
-    # The length is set once, by max_new_tokens (min_length stays the no-op default 0): setting both
-    # min_new_tokens and min_length made transformers warn on every call.
-    # Fields whose global default is None (suppress_tokens, sequence_bias, min_new_tokens, ...) would still come
-    # from the model's own config, so generate also sees ours as the model's, for this call only.
-    fields = {k: v for k, v in GenerationConfig._get_default_generation_params().items() if k != "max_length"}
-    fields.update(do_sample=False, max_new_tokens=max_new_tokens, use_cache=True,
-                  pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids,
-                  stop_strings=list(stop) if stop else None)
-    gen_config = GenerationConfig(**fields)
-    model_config, model.generation_config = model.generation_config, gen_config
-    try:
-        # synced_gpus=False: with FSDP the trainer gathers the full weights first (distributed.gathered), so no
-        # process needs to keep stepping for the others
-        out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, synced_gpus=False,
-                             generation_config=gen_config, logits_processor=LogitsProcessorList(processors),
-                             stopping_criteria=StoppingCriteriaList([at_budget]),
-                             tokenizer=tokenizer if stop else None)                                # (N, P + R')
-    finally:
-        model.generation_config = model_config
-    return out[:, prompt_ids.shape[1]:]
 
 
 def _mask_after_stop(prompt_ids: torch.Tensor, response_ids: torch.Tensor, mask: torch.Tensor,

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 import torch
 
 from minirl.data import prompt_text
-from minirl.distributed import all_reduce_sum
+from minirl.distributed import global_sum
 from minirl.rewards import gsm8k_reward
 from minirl.sessions import ModelInput, SamplingClient, SamplingParams
 
@@ -32,7 +32,7 @@ def accuracy(sc: SamplingClient, tokenizer, rows: list[dict], max_tokens: int, r
                for r in mine]  # submitted together: one batched generate
     correct = sum(gsm8k_reward(tokenizer.decode(f.result().sequences[0].tokens, skip_special_tokens=True),
                                answer_of(r)) for f, r in zip(futures, mine))
-    total = all_reduce_sum(torch.tensor([float(correct), float(len(mine))], device=sc.model.device))
+    total = global_sum(torch.tensor([float(correct), float(len(mine))], device=sc.model.device))
     return float(total[0] / total[1].clamp(min=1))
 
 

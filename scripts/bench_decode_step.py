@@ -1,4 +1,4 @@
-"""Milliseconds per step of minirl.decode's loop on a fixed shape: B prompts x G rows, R new tokens, no EOS
+"""Milliseconds per step of minirl's decode loop (engines/decode.py) on a fixed shape: B prompts x G rows, R new tokens, no EOS
 (every row runs to the end), median of --calls calls. A steadier measure than bench_rollout.py for a change
 to the decode step, since the rows' lengths do not vary.
 
@@ -14,7 +14,7 @@ import time
 import torch
 
 from minirl.data import load_rows, prompt_text
-from minirl.decode import decode
+from minirl.engines.decode import decode
 from minirl.models import load_model, load_tokenizer, resolve_model_path
 
 

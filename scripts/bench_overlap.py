@@ -21,7 +21,7 @@ import torch
 
 from minirl.agentic.env import MathEnv
 from minirl.judge import Judge
-from minirl.rewards import extract_gsm8k_answer, judge_job
+from minirl.rewards import extract_gsm8k_answer, judge_request
 
 
 class JudgedArithmeticEnv(MathEnv):
@@ -35,7 +35,7 @@ class JudgedArithmeticEnv(MathEnv):
         if answer is None:
             return None, 0.0, {}
         test = {"input": "", "output": str(self.problem["reward_model"]["ground_truth"])}
-        result = self.judge.run_many([judge_job(f"print({answer})", {"language": "python", "tests": [test]})])[0]
+        result = self.judge.run_many([judge_request(f"print({answer})", {"language": "python", "tests": [test]})])[0]
         return None, float(result.verdict == "AC"), {"verdict": result.verdict}
 
 

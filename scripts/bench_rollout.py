@@ -5,7 +5,7 @@
 
 Engines (each a full rollout of B = 8 prompts x G = 8 rows, fp32):
 - generate_path: rollout.sample through HF generate over the 64 repeated rows (its path for the models the
-  loop does not take; before minirl/decode.py, every model's);
+  loop does not take; before minirl/engines/decode.py, every model's);
 - loop:          rollout.sample as it runs (each prompt prefilled once, finished rows out of the batch);
 - plain_generate: `generate(do_sample=True, num_return_sequences=G)`, no minirl processors;
 - vllm:          minirl/engines/vllm_engine.py against a vLLM-CPU server (.venv-vllm, `make vllm`).

@@ -30,7 +30,7 @@ import json
 import re
 from typing import Protocol
 
-from minirl.rewards import Scorer, as_problem, judge_job
+from minirl.rewards import Scorer, as_problem, judge_request
 
 Messages = list[dict]
 
@@ -134,7 +134,7 @@ class CodeEnv:
             scored = self.scorer.details([completion], [private])[0]
             return None, scored["reward"], {"turns": turn, "verdict": scored["verdict"]}
         public = {**self.truth, "tests": self.public}
-        result = self.judge.run_many([judge_job(call["arguments"]["code"], public)])[0]
+        result = self.judge.run_many([judge_request(call["arguments"]["code"], public)])[0]
         content = completion[:completion.find("<tool_call>")].strip() if "<tool_call>" in completion else ""
         tool_call = {"type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
         reply = {"role": "tool", "name": "check_solution", "content": self.report(result)}

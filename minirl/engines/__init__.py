@@ -1,2 +1,10 @@
-"""Rollout engines other than minirl's own (rollout.sample): vllm_engine.py, a client of a vLLM server
-process (vllm_server.py) that runs in vLLM's own environment. Nothing here imports vLLM."""
+"""The rollout engines: every way minirl generates rollouts. `rollout.sample` chooses between the first two.
+
+- decode.py: minirl's own decode loop (each prompt prefilled once, finished rows out of the batch), for most
+  models;
+- hf_generate.py: Hugging Face `generate`, the readable reference path, for the models the loop cannot take;
+- vllm_engine.py: a client of a vLLM server process (vllm_server.py) that runs in vLLM's own environment
+  (`rollout_engine: vllm`). Nothing here imports vLLM.
+
+The first two sample with minirl/sampler.py and import nothing of rollout.py, so the core reads without them.
+"""

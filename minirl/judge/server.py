@@ -39,7 +39,7 @@ import resource
 import signal
 from http.server import BaseHTTPRequestHandler
 
-from minirl.http_server import BackgroundServer
+from minirl.httpd import BackgroundServer
 from minirl.judge import Judge, JudgeResult
 from minirl.judge.server_guard import GuardedHTTPServer, RequestError, content_length, parse_body, refuse
 

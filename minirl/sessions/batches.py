@@ -1,4 +1,4 @@
-"""Datums to the trainer's batch layout, and the loss pass of the sessions API (loss.tinker_loss).
+"""Datums to the trainer's batch layout, and the loss pass of the sessions API (sessions/losses.py).
 
 A Tinker datum is a sequence x (model_input, n tokens) and, per position i, the target y_i that the model's
 prediction at i is scored on. minirl's trainer scores a (prompt, response) layout: the log-prob of each
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from minirl.logprobs import token_logprobs
-from minirl.loss import TINKER_LOSSES, tinker_loss
+from minirl.sessions.losses import TINKER_LOSSES, tinker_loss
 from minirl.sessions.types import TensorData, tensor_of, tokens_of
 
 RL_INPUTS = ("logprobs", "advantages")

@@ -10,8 +10,8 @@ SDK's names, signatures, defaults, result types and losses, so a loop written fo
 
 Over HTTP, `python -m minirl.sessions.server` serves these clients to `tinker.ServiceClient(base_url=...)`.
 Each operation is a thin wrapper over the function train.py uses for the same stage: `rollout.sample`,
-`logprobs.batched_logprobs` / `token_logprobs` (minirl/sessions/batches.py: the datum layout and the loss pass
-over `loss.tinker_loss`), `update.optim_step`, `checkpoint`. A client's operations run in call order on one
+`logprobs.batched_logprobs` / `token_logprobs` (sessions/batches.py: the datum layout and the loss pass over
+sessions/losses.py), `update.optim_step`, `checkpoint`. A client's operations run in call order on one
 thread (minirl/sessions/worker.py), so `optim_step` can be submitted before `forward_backward` has finished.
 
 How minirl differs from the Tinker service, what is left out: docs/sessions.md (unsupported and result-changing
@@ -29,10 +29,9 @@ from pathlib import Path
 import torch
 
 from minirl import checkpoint
-from minirl.distributed import (all_reduce_sum, barrier, rank, shutdown, sum_gradients_across_processes,
-                                world_size)
+from minirl.distributed import barrier, global_sum, rank, shutdown, sum_gradients_across_processes, world_size
 from minirl.models import (build_policy, config_dtype, load_model, load_tokenizer, pick_attn_implementation,
-                           pick_dtype, resolve_model_path)
+                           pick_dtype, resolve_model_path, weights)
 import minirl.sessions.batches as batches
 from minirl.sessions.sampling import SampledTemperatures, SamplingClient
 from minirl.sessions.types import (AdamParams, ForwardBackwardOutput, GetInfoResponse, LoadWeightsResponse,
@@ -138,7 +137,7 @@ class TrainingClient:
                 self._step_error = e
                 self.optimizer.zero_grad(set_to_none=True)
             raise
-        totals = all_reduce_sum(torch.tensor([*metrics.values()], dtype=torch.float32, device=self._worker.device)).tolist()
+        totals = global_sum(torch.tensor([*metrics.values()], dtype=torch.float32, device=self._worker.device)).tolist()
         metrics = {k: v / (world_size() if k.endswith(":mean") else 1) for k, v in zip(metrics, totals)}
         return ForwardBackwardOutput("TensorData", batches.outputs(batch, logp), metrics)
 
@@ -213,13 +212,13 @@ class TrainingClient:
             state = checkpoint.load_checkpoint(folder, rank(), self.model, self.optimizer, None)
             self.policy_version = state["step"]
         else:
-            checkpoint.load_weights(self.model, folder / "model")
+            weights.load_weights(self.model, folder / "model")
         return LoadWeightsResponse(path)
 
     def save_weights_for_sampler(self, name: str, ttl_seconds: int | None = None, user_metadata: dict | None = None,
                                  merge_weights: bool = True) -> Future:
         """A folder that from_pretrained loads: with LoRA and merge_weights, the adapter merged into an fp32 copy
-        of the base (checkpoint.save_merged; the live adapter is untouched), else the adapter alone; saved in the
+        of the base (models.weights.save_merged; the live adapter is untouched), else the adapter alone; saved in the
         base's own dtype."""
         path, folder = self.service.checkpoint_path(self.model_id, "sampler_weights", name)
         return self._worker.submit("save_weights_for_sampler", self._save_weights, folder, path, merge_weights)
@@ -227,9 +226,9 @@ class TrainingClient:
     def _save_weights(self, folder: Path, path: str, merge: bool) -> SaveWeightsForSamplerResponse:
         if rank() == 0:
             if merge and hasattr(self.model, "peft_config"):
-                checkpoint.save_merged(self.model, self.base_path, folder, config_dtype(self.base_path))
+                weights.save_merged(self.model, self.base_path, folder, config_dtype(self.base_path))
             else:
-                checkpoint.save_model(self.model, folder, config_dtype(self.base_path))
+                weights.save_model(self.model, folder, config_dtype(self.base_path))
             self.tokenizer.save_pretrained(folder)
         barrier()
         return SaveWeightsForSamplerResponse(path)

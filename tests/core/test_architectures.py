@@ -9,7 +9,7 @@ import transformers as T
 from transformers import GenerationConfig
 
 from minirl import logprobs
-from minirl.logprobs import _token_logprobs_unsharded, reference_logprobs, token_logprobs
+from minirl.logprobs import _token_logprobs_unsharded, logprobs_by_definition, token_logprobs
 from minirl.models import disable_dropout
 from minirl.rollout import response_mask_from_ids
 
@@ -118,7 +118,7 @@ def test_trainer_logprobs_are_the_models_own_and_generates_on_every_architecture
     m = response_mask.bool()
     with torch.no_grad():
         ours, entropy = token_logprobs(model, ids, attn, R, TEMP, with_entropy=True)
-        reference = reference_logprobs(model, ids, attn, R, TEMP)
+        reference = logprobs_by_definition(model, ids, attn, R, TEMP)
     assert m.sum() >= 12
     assert torch.allclose(ours[m], reference[m], atol=1e-5), (ours - reference)[m].abs().max()
     same = m & generate_is_the_full_forward(name)
@@ -137,7 +137,7 @@ def test_the_lm_heads_output_alone_is_another_distribution_where_the_model_trans
     monkeypatch.setattr(logprobs, "final_logits_transform", lambda model: None)
     with torch.no_grad():
         head_only, _ = token_logprobs(model, ids, attn, R, TEMP)
-        reference = reference_logprobs(model, ids, attn, R, TEMP)
+        reference = logprobs_by_definition(model, ids, attn, R, TEMP)
     assert (head_only - reference)[response_mask.bool()].abs().max() > 1e-3
     with pytest.raises(logprobs.InexactModelError, match="cannot compute"):
         logprobs.check_exact(model)
@@ -152,7 +152,7 @@ def test_prompt_sharing_is_off_where_rope_frequencies_depend_on_the_sequence_len
     monkeypatch.setattr(logprobs, "length_dependent_rope", lambda model: False)
     with torch.no_grad():
         shared, _ = token_logprobs(model, ids, attn, R, TEMP)
-        reference = reference_logprobs(model, ids, attn, R, TEMP)
+        reference = logprobs_by_definition(model, ids, attn, R, TEMP)
     assert (shared - reference)[response_mask.bool()].abs().max() > 1e-5
 
 

@@ -94,7 +94,7 @@ def test_whitening_with_no_token_left_is_zero_not_nan():
 
 
 def test_whitening_with_a_global_total_uses_the_whole_batch_statistics():
-    """Two "processes" hold half the batch each; `total` returns the sum over both, as all_reduce_sum does."""
+    """Two "processes" hold half the batch each; `total` returns the sum over both, as distributed.global_sum does."""
     x, m = t([[1.0, 2.0, 0.0], [4.0, 0.0, 0.0]]), t([[1, 1, 0], [1, 0, 0]])
     full = whiten(x, m)
     halves = [(x[:1], m[:1]), (x[1:], m[1:])]

@@ -1,4 +1,4 @@
-"""rollout.sample's decode loop (minirl/decode.py: each prompt prefilled once, finished rows out of the batch)
+"""rollout.sample's decode loop (minirl/engines/decode.py: each prompt prefilled once, finished rows out of the batch)
 gives what `generate` over the repeated rows gives with the same seed: the same tokens, masks, texts and
 log-probs, and the same random state afterwards."""
 import copy
@@ -131,7 +131,7 @@ def test_context_cap_and_short_prompts_keep_generates_answer(monkeypatch, random
 
 
 def test_models_the_loop_cannot_take_go_to_generate(monkeypatch, random_model, tiny_tokenizer):
-    import minirl.decode as decode
+    import minirl.engines.decode as decode
     calls = []
     generate = random_model.generate
     monkeypatch.setattr(random_model, "generate", lambda *a, **k: calls.append(1) or generate(*a, **k))
@@ -189,7 +189,7 @@ def test_the_decode_cache_is_written_in_place_and_the_prompt_kept_once(monkeypat
     the whole cache at every step), new buffers only when rows leave; with sdpa the prompt's keys and values
     are kept once per prompt (B rows, not B*G) and attended in two parts. Either way generate's samples."""
     from transformers.cache_utils import DynamicCache
-    import minirl.decode as decode
+    import minirl.engines.decode as decode
     model = ends_often(random_model, tiny_tokenizer.eos_token_id)
     model.set_attn_implementation(attention)
     kind = decode._SharedPrefix if attention == "sdpa" else decode._Preallocated
@@ -230,7 +230,7 @@ def test_two_part_attention_is_attention_over_the_whole_sequence():
     fallback's rebuilt keys are that concatenation."""
     import torch.nn.functional as F
     from transformers.cache_utils import DynamicLayer
-    from minirl.decode import _SharedPrefix
+    from minirl.engines.decode import _SharedPrefix
     torch.manual_seed(0)
     B, G, kv_heads, rep, P1, D, t = 3, 4, 2, 3, 7, 16, 5
     layer = DynamicLayer()
@@ -256,7 +256,7 @@ def test_two_part_attention_is_attention_over_the_whole_sequence():
 def test_two_part_attention_falls_back_to_sdpa_over_the_whole_sequence_for_calls_it_does_not_cover():
     """A call with more than one query (or softcapping, a window, sinks) gets transformers' sdpa over the
     rebuilt keys and values, with the prompt's padding masked: the same numbers as the two-part path."""
-    import minirl.decode as decode
+    import minirl.engines.decode as decode
     from transformers.cache_utils import DynamicLayer
     torch.manual_seed(1)
     B, G, kv_heads, rep, P1, D = 2, 2, 1, 2, 4, 8
@@ -287,7 +287,7 @@ def test_packed_linears_serve_only_the_decoding_thread_and_are_removed_after(mon
                                                                             tiny_tokenizer):
     """oneDNN-packed nn.Linear forwards run while this thread decodes (no grad); a call with grad enabled (a
     trainer) gets the module's own forward, and nothing of the swap is left afterwards."""
-    import minirl.decode as decode
+    import minirl.engines.decode as decode
     calls, own = [], []
     real, linear = decode._packed_linear, torch.nn.Linear.forward
 
@@ -385,7 +385,7 @@ def test_bf16_caches_take_the_one_buffer_path_not_the_two_part_attention(monkeyp
                                                                         tiny_tokenizer):
     """The two parts of the two-part attention are rounded apart; in bf16 that changes samples, so a bf16
     model's decode keeps each row's whole sequence in one buffer, as generate attends."""
-    import minirl.decode as decode
+    import minirl.engines.decode as decode
     model = ends_often(random_model.to(torch.bfloat16), tiny_tokenizer.eos_token_id)
     kinds = []
     real = decode._Preallocated.__init__

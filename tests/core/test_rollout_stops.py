@@ -16,7 +16,7 @@ IM_START = 1          # the toy tokenizer's <|im_start|>: a special token, not a
 
 @pytest.fixture(params=["decode", "generate"])
 def path(request, monkeypatch):
-    """Both decode paths: minirl.decode's loop, or generate (what rollout.sample uses when the loop cannot)."""
+    """Both decode paths: minirl's decode loop (engines/decode.py), or generate (what rollout.sample uses when the loop cannot)."""
     if request.param == "generate":
         monkeypatch.setattr(rollout, "shares_prompts", lambda model, prompt_tokens: False)
     return request.param

@@ -1,12 +1,12 @@
-"""Each of Tinker's built-in losses (loss.tinker_loss), value and gradient, against a plain loop over datums and
-tokens that writes Tinker's documented formula out (tinker-docs "Loss functions"), summed over tokens.
+"""Each of Tinker's built-in losses (sessions/losses.py), value and gradient, against a plain loop over datums
+and tokens that writes Tinker's documented formula out (tinker-docs "Loss functions"), summed over tokens.
 And the session's loss pass: the same loss, summed over datums, whatever the micro-batch size."""
 import math
 
 import pytest
 import torch
 
-from minirl.loss import TINKER_LOSSES, tinker_loss
+from minirl.sessions.losses import TINKER_LOSSES, tinker_loss
 from minirl.sessions import AdamParams, Datum, ServiceClient
 from conftest import assert_close_at_scale
 

@@ -16,7 +16,7 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler
 
-from minirl.http_server import BackgroundServer
+from minirl.httpd import BackgroundServer
 from minirl.sessions.serve.engine import Engine, Job
 from minirl.sessions.serve.openai_api import RequestError, parse_request, reply, stream_chunks
 

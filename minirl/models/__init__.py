@@ -1,5 +1,7 @@
-"""Load the models a run needs: the policy (with LoRA, a dtype, gradient checkpointing), its tokenizer, and
-the frozen reference policy pi_ref for the KL penalty.
+"""The models room: build the models a run needs, the policy (with LoRA, a dtype, gradient checkpointing), its
+tokenizer, and the frozen reference policy pi_ref for the KL penalty. Beside this file: lora.py (the adapter
+and a frozen, possibly quantised base) and weights.py (a model's weights on disk). The RL core imports these;
+they import from the core only its config error and logprobs.check_exact, the test every built model passes.
 
 The reference is a second copy of the starting weights, in eval mode with gradients off, used only to score the
 response tokens the policy sampled (`ref_logp`). With `kl_coef: 0` the trainer builds none. With LoRA the
@@ -7,8 +9,6 @@ reference is the policy with its adapter disabled (`adapter_disabled`): no secon
 """
 from __future__ import annotations
 
-import contextlib
-import math
 import os
 import threading
 from pathlib import Path
@@ -17,6 +17,7 @@ import torch
 
 from minirl.config import ConfigError
 from minirl.logprobs import check_exact
+from minirl.models.lora import adapter_base, adapter_disabled, add_lora, init_adapter, quantization_config  # noqa: F401
 
 
 class ModelNotFoundError(ConfigError, FileNotFoundError):
@@ -80,15 +81,6 @@ def pick_attn_implementation(name: str) -> str:
         return "sdpa"
 
 
-def adapter_base(path: str) -> str | None:
-    """The base model of a peft adapter folder (adapter_config.json), else None."""
-    config = Path(path) / "adapter_config.json"
-    if not config.is_file():
-        return None
-    import json
-    return json.loads(config.read_text())["base_model_name_or_path"]
-
-
 def load_tokenizer(path: str):
     """AutoTokenizer with left padding (generation appends on the right) and a pad token. An adapter folder
     uses its base model's tokenizer (LoRA does not change it; AutoTokenizer needs the base's config)."""
@@ -99,18 +91,6 @@ def load_tokenizer(path: str):
     if tokenizer.pad_token is None:  # many base models ship none; eos is safe because masks exclude padding
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
-
-
-def quantization_config(bits: int):
-    """bitsandbytes 4-bit (NF4, bf16 compute) or 8-bit base weights; a clear error where they cannot work."""
-    import importlib.util
-    if importlib.util.find_spec("bitsandbytes") is None or not torch.cuda.is_available():
-        raise RuntimeError(f"load_in_bits={bits} needs a CUDA GPU and the bitsandbytes package "
-                           "(pip install bitsandbytes); use load_in_bits: 0 on this machine")
-    from transformers import BitsAndBytesConfig
-    if bits == 4:
-        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
-    return BitsAndBytesConfig(load_in_8bit=True)
 
 
 # Models are built one at a time in a process: from_pretrained builds on the meta device by patching torch
@@ -141,16 +121,6 @@ def _load_model(path, dtype, attn_implementation, gradient_checkpointing, load_i
     if gradient_checkpointing:
         enable_gradient_checkpointing(model)
     return model
-
-
-def add_lora(model, rank: int, alpha: int, dropout: float = 0.0, target_modules: str = "all-linear"):
-    """Wrap the policy in a peft LoRA adapter; only the adapter's weights train. target_modules: peft's
-    "all-linear" or comma-separated module names."""
-    from peft import LoraConfig, get_peft_model
-    targets = target_modules if target_modules == "all-linear" else \
-        [t.strip() for t in target_modules.split(",") if t.strip()]
-    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
-                                            target_modules=targets, task_type="CAUSAL_LM"))
 
 
 def enable_gradient_checkpointing(model) -> None:
@@ -205,24 +175,6 @@ def build_policy(path: str, device: torch.device, dtype: torch.dtype, attn_imple
     return (model if keep_dropout else disable_dropout(model)).train()
 
 
-@torch.no_grad()
-def init_adapter(model, seed: int) -> None:
-    """peft's LoRA init, drawn from torch.Generator(seed) instead of torch's global generator (which other
-    threads, unseeded samplers, draw from too). The draws replay peft's after torch.manual_seed(seed), so the
-    adapter is the one a seed always gave: per layer, in creation order, nn.Linear's Kaiming-uniform init of A
-    and of B when they are built, then A's own; B is zero."""
-    from peft.tuners.lora import LoraLayer
-    generator = torch.Generator().manual_seed(seed)
-    kaiming = lambda w: torch.nn.init.kaiming_uniform_(torch.empty(w.shape), a=math.sqrt(5), generator=generator)  # noqa: E731
-    for module in model.modules():
-        if isinstance(module, LoraLayer):
-            for name in module.lora_A:
-                a, b = module.lora_A[name].weight, module.lora_B[name].weight
-                kaiming(a), kaiming(b)
-                a.copy_(kaiming(a))
-                b.zero_()
-
-
 def load_reference(path: str, dtype: torch.dtype, attn_implementation: str, device: torch.device):
     """The frozen reference policy: eval mode (no dropout), no gradients, checked as the policy is."""
     model = disable_dropout(load_model(path, dtype=dtype, attn_implementation=attn_implementation).to(device))
@@ -230,8 +182,3 @@ def load_reference(path: str, dtype: torch.dtype, attn_implementation: str, devi
     model.eval()
     model.requires_grad_(False)
     return model
-
-
-def adapter_disabled(model):
-    """Context in which a peft model runs as its base model (the LoRA reference); a no-op for plain models."""
-    return model.disable_adapter() if hasattr(model, "disable_adapter") else contextlib.nullcontext()

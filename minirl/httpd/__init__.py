@@ -1,6 +1,7 @@
 """A small HTTP server on the standard library, served from a background thread: the base of minirl's servers
-(the judge's SandboxFusion API, the OpenAI-compatible endpoint). One thread per request; loopback by default,
-since nothing here authenticates unless the server built on it does."""
+(the judge's SandboxFusion API, the OpenAI-compatible endpoint), outside the RL core, which serves nothing.
+One thread per request; loopback by default, since nothing here authenticates unless the server built on it
+does."""
 from __future__ import annotations
 
 import threading

@@ -1,7 +1,7 @@
 """minirl's own decode loop for rollouts: each prompt prefilled once, finished rows out of the batch.
 
-`rollout.sample` calls `decode` for the models it can take (rollout.shares_prompts); it gives the tokens that
-Hugging Face `generate` gives over the N = B*G repeated rows with the same seed, for less compute:
+`rollout.sample` calls `decode` for the models it can take (rollout.shares_prompts; hf_generate.py takes the
+others); it gives the tokens that `generate` gives over the N = B*G repeated rows, same seed, for less compute:
 - Prefill once. The B distinct prompts run through the model once, all but their last token; the KV cache is
   then copied to the G rows of each group (as logprobs.states_before_responses does for the trainer's pass),
   and the first decoding step feeds every row its prompt's last token.
