@@ -32,6 +32,7 @@ import functools
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -283,6 +284,14 @@ def main(argv: list[str] | None = None) -> dict:
     shutdown()  # every process leaves the process group together (see distributed.shutdown)
     accelerator.end_training()
     return {"before": before, "after": after, "policy": policy}
+
+
+def __getattr__(name: str):
+    """`update`, mini_batch_steps's name before 0.3.1 (it shadowed the module minirl/update.py), still resolves."""
+    if name == "update":
+        warnings.warn("train.update is now train.mini_batch_steps", DeprecationWarning, 2)
+        return mini_batch_steps
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":

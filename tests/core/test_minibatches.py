@@ -36,8 +36,8 @@ def test_the_update_never_splits_a_group_and_the_schedule_counts_training_steps(
         N = kept * G
         batch = {"input_ids": torch.zeros(N, 5, dtype=torch.long), "response_mask": torch.ones(N, R),
                  "group": torch.arange(N) // G}
-        lrs.append(train.update(policy, optimizer, scheduler, batch, cfg, step_fn, "actor", 32,
-                                torch.float32)["actor/lr"])
+        lrs.append(train.mini_batch_steps(policy, optimizer, scheduler, batch, cfg, step_fn, "actor", 32,
+                                          torch.float32)["actor/lr"])
         assert len(seen) == min(kept, 2)
         for rows in seen:                              # each group's rows all in one optimizer step
             assert len(rows) % G == 0 and all(rows.count(g) == G for g in set(rows))

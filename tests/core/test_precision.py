@@ -80,8 +80,8 @@ def test_bf16_later_mini_batches_see_the_updated_weights(random_model, tiny_toke
                                                       R)[0] for s in (0, 4)])
     optimizer = torch.optim.AdamW([p for p in random_model.parameters() if p.requires_grad], lr=1e-2)
     actor_step = functools.partial(forward_backward, random_model, loss=LossSettings())
-    m = train.update(random_model, optimizer, warmup_constant_schedule(optimizer, 0), batch, cfg, actor_step,
-                     "actor", 4, bf16)
+    m = train.mini_batch_steps(random_model, optimizer, warmup_constant_schedule(optimizer, 0), batch, cfg,
+                               actor_step, "actor", 4, bf16)
     assert abs(m["actor/ppo_kl"]) > 1e-4, m["actor/ppo_kl"]  # the 2nd mini-batch is off-policy, as it must be
 
 
