@@ -1,6 +1,6 @@
 """A model's weights on disk: saved in the dtype to publish (save_model), a LoRA policy merged into one plain
 model (save_merged), and saved weights loaded into a live model in place (load_weights). minirl/checkpoint.py
-builds crash-safe checkpoints on them; the sessions' save_state and load_state use them directly."""
+builds crash-safe checkpoints on them; the sessions' save_weights_for_sampler and load_state use them directly."""
 from __future__ import annotations
 
 from pathlib import Path
