@@ -5,7 +5,7 @@
  *
  *   sandbox -u UID -t CPU_S -m AS_BYTES -f FSIZE_BYTES -p NPROC [-r REPORT] [-g CGROUP_PROCS]... [-F] [-C] [-N]
  *           [-i NEWROOT -s TMPFS_MB [-w HOST_DIR] [-b HOST_PATH:PATH]...] -- PROGRAM [ARGS...]
- *   sandbox -u UID -p NPROC [-g CGROUP_PROCS]... -i NEWROOT -b HOST_DIR:/.run/bin -c FD
+ *   sandbox -u UID -p NPROC [-g CGROUP_PROCS]... -i NEWROOT [-R SYSROOT] -b HOST_DIR:/.run/bin -c FD
  *
  * -g: join these cgroups first (a cgroup.procs file per controller; sandbox.py creates them).
  * -i: isolate. New mount, PID, network, IPC, UTS and cgroup namespaces, and a new root on the empty folder
@@ -14,6 +14,7 @@
  *     /work and /tmp, on one tmpfs of TMPFS_MB (`scratch`). /work is empty and owned by UID, or HOST_DIR bound
  *     read-write (-w, the compiler's output). -b binds HOST_PATH read-only at PATH (a relative PATH is in /work).
  *     The old root is detached: nothing else of the host is reachable.
+ * -R: the system folders and /etc files from SYSROOT (a copy of what programs load: sysroot.py), not the host's.
  * -c: serve (with -i, instead of a program): build the sandbox once, then run what each request on the unix
  *     socket FD says (`serve`: limits, whether processes are allowed, a program file, argv, stdin/stdout/stderr).
  *     Each run gets mount, PID and IPC namespaces of its own under an init of its own (fresh /work and /tmp,
@@ -261,6 +262,7 @@ static void install_seccomp(int forks, int create_files) {
 /* --- the new root ------------------------------------------------------------------------------------------ */
 
 static char root[2048];   /* NEWROOT: shorter than a path buffer, so at() never truncates */
+static char sysroot[1024];  /* -R: where the system folders come from ("": the host's own) */
 
 static void at(char *buf, const char *path) {          /* path inside the new root -> path from the host */
     snprintf(buf, 4096, "%s%s%s", root, path[0] == '/' ? "" : "/work/", path);
@@ -278,10 +280,10 @@ static void bind_path(const char *src, const char *dst, int readonly) {
         die("remount read-only");
 }
 
-static void system_dir(const char *path) {             /* /bin -> usr/bin stays a link; a folder is bound */
+static void system_dir(const char *src, const char *path) {  /* /bin -> usr/bin stays a link; a folder is bound */
     char link[4096], target[4096];
-    ssize_t n = readlink(path, link, sizeof link - 1);
-    if (n < 0) { bind_path(path, path, 1); return; }
+    ssize_t n = readlink(src, link, sizeof link - 1);
+    if (n < 0) { bind_path(src, path, 1); return; }
     link[n] = 0;
     at(target, path);
     if (symlink(link, target)) die("symlink");
@@ -293,13 +295,17 @@ static void build_root(const char *workdir, char **binds, int nbinds, int with_p
     char path[4096];
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) die("mount private");
     if (mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")) die("mount tmpfs");
+    /* with -R, a worker's own copy of what programs load (sysroot.py): sibling sandboxes then map no file in
+     * common, and a futex (or any state) keyed by a file's inode cannot carry a bit between them */
     const char *system[] = {"/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"};
-    for (int i = 0; i < 7; i++)
-        if (access(system[i], F_OK) == 0) system_dir(system[i]);
+    for (int i = 0; i < 7; i++) {
+        snprintf(path, sizeof path, "%s%s", sysroot, system[i]);
+        if (access(path, F_OK) == 0) system_dir(path, system[i]);
+    }
     const char *dirs[] = {"/etc", "/dev", "/proc", "/tmp", "/work", "/.run", "/.scratch"};
     for (int i = 0; i < 7; i++) { at(path, dirs[i]); if (mkdir(path, i == 5 ? 0700 : 0755)) die("mkdir"); }
     const char *etc[] = {"/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"};  /* what exec needs */
-    for (int i = 0; i < 3; i++) bind_path(etc[i], etc[i], 1);
+    for (int i = 0; i < 3; i++) { snprintf(path, sizeof path, "%s%s", sysroot, etc[i]); bind_path(path, etc[i], 1); }
     const char *dev[] = {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"};
     for (int i = 0; i < 5; i++) bind_path(dev[i], dev[i], 0);
     at(path, "/dev/fd"); if (symlink("/proc/self/fd", path)) die("symlink");
@@ -504,7 +510,7 @@ int main(int argc, char **argv) {
     const char *tmpfs_mb = "64", *workdir = NULL, *report_path = NULL;
     char *binds[64];
     int nbinds = 0, opt, isolated = 0, sock = -1, with_proc = 1;
-    while ((opt = getopt(argc, argv, "u:t:m:f:p:r:g:i:s:w:b:c:FCN")) != -1) {
+    while ((opt = getopt(argc, argv, "u:t:m:f:p:r:g:i:R:s:w:b:c:FCN")) != -1) {
         switch (opt) {
         case 'u': uid = (uid_t)atol(optarg); break;
         case 't': l.cpu = strtoull(optarg, 0, 10); break;
@@ -518,6 +524,7 @@ int main(int argc, char **argv) {
             break;
         }
         case 'i': isolated = 1; snprintf(root, sizeof root, "%s", optarg); break;
+        case 'R': snprintf(sysroot, sizeof sysroot, "%s", optarg); break;
         case 's': tmpfs_mb = optarg; break;
         case 'w': workdir = optarg; break;
         case 'b': if (nbinds < 64) binds[nbinds++] = optarg; break;

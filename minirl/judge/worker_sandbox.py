@@ -26,6 +26,7 @@ from minirl.judge.host import cache_dir, remove_tree, stage_dir, unique_tmp
 from minirl.judge.sandbox import (ENV, NPROC, begin_cgroup, cgroup_options, cpu_and_file_limits, memory_plan,
                                   new_root, sandbox_helper, stop_launcher)
 from minirl.judge.stdio import OUTPUT_LIMIT_BYTES, Capture, sealed_input
+from minirl.judge.sysroot import program_root
 
 log = logging.getLogger(__name__)
 STAGE_TRIES = 3                    # copies tried while the staging tmpfs is full, 0.5 s apart
@@ -61,6 +62,8 @@ class WorkerSandbox:
         self._staged: dict[str, tuple] = {}            # name -> (device, inode, size, mtime) of the file staged
         opts = ["-u", str(uid), "-p", str(NPROC), "-i", str(new_root(cache)), "-b", f"{self._files}:/.run/bin",
                 "-c", str(theirs.fileno())]
+        system = program_root(uid)                     # this worker's own copy of what programs load
+        opts += ["-R", str(system)] if system else []
         opts += cgroup_options(cgroup) if cgroup else []
         self._errors = cache / f"sandbox-{uid}-{os.getpid()}.err"   # the sandbox's own failures
         try:

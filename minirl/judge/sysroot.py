@@ -1,0 +1,163 @@
+"""A worker's own copy of the system files programs run on: no file page shared with a sibling sandbox.
+
+    root = program_root(uid)        # cache_dir()/sysroot-<uid>-<key>: python3, its stdlib, the shared libraries
+    # sandbox.c -R root: the worker's sandbox binds root's /usr, /lib*, /bin, /etc files in place of the host's
+
+Why copies. Two programs judged at once in sibling sandboxes must have nothing to talk through. A futex on a
+file page is keyed by the file's inode and offset, not by the process: a thread created with
+CLONE_CHILD_CLEARTID pointing into a mapped system library makes the kernel wake, at the thread's exit, whoever
+waits on that word, in any sandbox that maps the same file (issue 31's review; seccomp cannot see the pointer's
+target). The same holds for every other per-inode state of a shared file (its page cache, its locks). A copy
+is a new inode: programs of different workers then map different files, and the futex keys never meet. Hard
+links would not do (one inode); reflinks would (`shutil.copy2` makes one where the filesystem can).
+
+What is copied: what programs load, derived, not listed by hand: the `python3` on the sandbox's PATH and its
+standard library (without its tests, IDLE, Tk, the static library and third-party packages: contest
+programs import the standard library), the shell and a few tools (`TOOLS`, for problems that allow processes),
+the shared libraries `ldd` names for all of these, its extension modules, libstdc++ and libgcc_s (what a C++
+program links against), with the dynamic loader, and the loader's cache.
+About 30 MB per worker, built once per machine and uid (kept across Judges; rebuilt when a copied file
+changes on the host). The compiler and the checkers are trusted: they keep the host's root.
+
+Left: programs of one worker, one after another, share that worker's copy (a page-cache timing channel between
+consecutive runs of one worker; the judge README's What remains).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from minirl.judge.host import cache_dir, remove_tree, unique_tmp
+
+log = logging.getLogger(__name__)
+SANDBOX_PATH = ("/usr/local/bin", "/usr/bin", "/bin")   # sandbox.ENV's PATH, in order
+# parts of the standard library no contest program imports, or that are not Python at all
+STDLIB_LEFT_OUT = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "site-packages",
+                   "dist-packages"}
+ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime")   # what exec and libc's time functions read
+# for problems that allow processes: the shell (os.system, shell=True) and the tools a shell line calls
+TOOLS = ("sh", "cat", "echo", "sleep", "true", "false", "env", "ls", "head", "tail", "sort", "wc", "tr", "cut",
+         "seq")
+
+
+def _which(name: str) -> str | None:
+    for d in SANDBOX_PATH:
+        p = os.path.join(d, name)
+        if os.access(p, os.X_OK):
+            return p
+    return None
+
+
+def _python() -> str | None:
+    return _which("python3")
+
+
+def _stdlib(python: str) -> Path:
+    out = subprocess.run([python, "-I", "-S", "-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    return Path(out.strip())
+
+
+def _libraries(files: list[str]) -> set[str]:
+    """The shared libraries (and the loader) these ELF files load, as `ldd` resolves them."""
+    out = subprocess.run(["ldd", *files], capture_output=True, text=True, timeout=120).stdout
+    return {m for m in re.findall(r"(?:=>\s*)?(/\S+)\s+\(0x", out)}
+
+
+def sources() -> tuple[str, Path, list[str]]:
+    """(python3, its stdlib folder, the other files to copy): what `program_root` copies."""
+    python = _python()
+    if python is None:
+        raise FileNotFoundError(f"no python3 in {':'.join(SANDBOX_PATH)}")
+    stdlib = _stdlib(python)
+    cxx = [subprocess.run(["g++", f"-print-file-name={n}"], capture_output=True, text=True, timeout=60).stdout
+           .strip() for n in ("libstdc++.so.6", "libgcc_s.so.1")] if shutil.which("g++") else []
+    tools = [t for t in map(_which, TOOLS) if t]
+    elf = [python, *map(str, sorted((stdlib / "lib-dynload").glob("*.so"))), *(p for p in cxx if os.path.isabs(p)),
+           *tools]
+    files = {os.path.normpath(p) for p in elf} | _libraries(elf) | {p for p in ETC_FILES if os.path.exists(p)}
+    return python, stdlib, sorted(files)
+
+
+def _place(path: str, dest: Path) -> Path:
+    """dest/path with the host's symlinks on the way mirrored (/lib -> usr/lib stays a link in the copy, as
+    sandbox.c mirrors it): the real place the copy goes."""
+    parts, cur = Path(path).parts[1:], "/"
+    for i, name in enumerate(parts):
+        nxt = os.path.join(cur, name)
+        if os.path.islink(nxt) and i < len(parts) - 1:         # a folder reached through a link
+            link = dest / nxt.lstrip("/")
+            if not link.is_symlink():
+                link.parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(os.readlink(nxt), link)
+            target = os.path.normpath(os.path.join(cur, os.readlink(nxt)))
+            return _place(os.path.join(target, *parts[i + 1:]), dest)
+        cur = nxt
+    return dest / path.lstrip("/")
+
+
+def _copy_file(path: str, dest: Path) -> None:
+    to = _place(path, dest)
+    if not to.exists():
+        to.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(os.path.realpath(path), to)              # a copy of what the name points at: a new inode
+
+
+def _ignore(folder: str, names: list[str]) -> set[str]:
+    left = {n for n in names if n in STDLIB_LEFT_OUT or n.startswith("config-") or ".opt-" in n}
+    return left
+
+
+def build(dest: Path, python: str, stdlib: Path, files: list[str]) -> None:
+    for f in [python, *files]:
+        _copy_file(f, dest)
+    # python3 finds its prefix from its own path: keep the name the sandbox runs it by (/usr/bin/python3)
+    shutil.copytree(stdlib, _place(str(stdlib), dest), symlinks=False, ignore=_ignore,
+                    ignore_dangling_symlinks=True, dirs_exist_ok=True)
+    for d, dirs, names in os.walk(dest):                      # root's, read-only for everyone else
+        os.chmod(d, 0o755)
+        for n in names:
+            p = os.path.join(d, n)
+            if not os.path.islink(p):
+                os.chmod(p, 0o755 if os.access(p, os.X_OK) else 0o644)
+
+
+@functools.lru_cache(maxsize=None)
+def _key() -> str:
+    """What the copy depends on, cheaply: python3, its stdlib and extension folders, and the loader's cache
+    (ldconfig rewrites it whenever a library is installed). Once per process."""
+    python = _python()
+    if python is None:
+        raise FileNotFoundError(f"no python3 in {':'.join(SANDBOX_PATH)}")
+    stdlib = _stdlib(python)
+    paths = [os.path.realpath(python), str(stdlib), str(stdlib / "lib-dynload"), *ETC_FILES]
+    stamp = [(p, os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in paths if os.path.exists(p)]
+    what = (TOOLS, sorted(STDLIB_LEFT_OUT), ETC_FILES)             # and what this file copies
+    return hashlib.sha256(repr((stamp, what)).encode()).hexdigest()[:12]
+
+
+def program_root(uid: int) -> Path | None:
+    """This uid's copy of the program's system files, built if missing or stale; None (with a warning) where it
+    cannot be built: the worker's sandbox then binds the host's folders, as before."""
+    cache = cache_dir()
+    try:
+        root = cache / f"sysroot-{uid}-{_key()}"
+        if (root / ".complete").exists():
+            return root
+        for old in cache.glob(f"sysroot-{uid}-*"):
+            remove_tree(old)
+        tmp = unique_tmp(root)
+        build(tmp, *sources())
+        (tmp / ".complete").touch()
+        os.replace(tmp, root)
+        return root
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("cannot build the programs' own system files (%s): sandboxes share the host's, and with them "
+                    "a futex channel between siblings (minirl/judge/sysroot.py)", e)
+        return None
