@@ -13,8 +13,7 @@ Splits, so that a held-out score measures more than recall of paraphrases:
 - train: the TRAIN_FAMILIES, with the parameter tuples whose hash is not 0 mod 4;
 - test: the same families with the held-out quarter of the parameter tuples (data_source "code_task"), and
   the HELD_OUT_FAMILIES, never seen in training (data_source "code_task/new_families"), which combine the
-  training families' skills (digits: a number read as text and walked as a list; multiples: a loop with a
-  condition).
+  training families' skills (digits: a string walked as a list; multiples: a loop with a condition).
 validate() reports each data_source: `val/test_score/code_task` and `val/test_score/code_task/new_families`.
 
 The rows are those scripts/prepare_codecontests.py writes (same prompt instruction, same ground truth keys:
@@ -188,43 +187,7 @@ def strings(rng: random.Random, k: int) -> Problem:
                     f"s = input().strip()\nprint({wrong})\n")
 
 
-def number(rng: random.Random, k: int) -> Problem:
-    """n >= 0 read as text -> its number of digits, or its first / last m digits. Slip: one place over."""
-    op, m = rng.choice(["length", "first", "last"]), rng.randint(1, 5)
-    if op == "length":
-        m = 0
-        what, right, wrong, cpp = "how many digits it has", "len(s)", "len(s) - 1", "n.size()"
-    else:
-        what = f"its {op} {m} digits as they are written (n has more than {m} digits)"
-        right, wrong, cpp = {"first": (f"s[:{m}]", f"s[:{m + 1}]", f"n.substr(0, {m})"),
-                             "last": (f"s[-{m}:]", f"s[-{m + 1}:]", f"n.substr(n.size() - {m})")}[op]
-    inputs = ["100000", "123456", "9070605"] + [str(rng.randint(10**6, 10**12)) for _ in range(k)]
-    return _problem("number", (op, m), f"Read a non-negative integer n. Print {what}.",
-                    lambda s: str(eval(right, {}, {"s": s})), inputs, f"s = input().strip()\nprint({right})\n",
-                    _cpp("string n;", "cin >> n;", f"cout << {cpp} << endl;"),
-                    f"s = input().strip()\nprint({wrong})\n")
-
-
-def letters(rng: random.Random, k: int) -> Problem:
-    """a word -> how many of its letters come before / after c in the alphabet. Slip: < for <=, the letter c."""
-    c, op = rng.choice("cdefghijklmnopqrstuvw"), rng.choice(["before", "after"])
-    test, slip = {"before": (f"x < '{c}'", f"x <= '{c}'"), "after": (f"x > '{c}'", f"x >= '{c}'")}[op]
-
-    def word() -> str:
-        return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 12)))
-    inputs = [c * 2, f"a{c}z", chr(ord(c) - 1) + chr(ord(c) + 1)] + [word() for _ in range(k)]
-    right = f"sum(1 for x in s if {test})"
-    return _problem("letters", (op, c), f"Read a word s of lowercase letters. Print how many of its letters come "
-                    f"{op} the letter {c} in the alphabet.", lambda s: str(eval(right, {}, {"s": s})), inputs,
-                    f"s = input().strip()\nprint({right})\n",
-                    _cpp("string s;", "cin >> s;", "long long k = 0;",
-                         f"for (char x : s) k += {test};",
-                         "cout << k << endl;"),
-                    f"s = input().strip()\nprint(sum(1 for x in s if {slip}))\n")
-
-
-# held-out families: each a combination of skills the training families teach (digits: a number read as text
-# (number) walked letter by letter with a condition (letters, lists); multiples: a loop with a condition)
+# held-out families: each a combination of skills the training families teach
 def digits(rng: random.Random, k: int) -> Problem:
     """n >= 0 -> the sum of its digits, or how many are at least / equal to t. Slip: the last digit left out."""
     t, op = rng.randint(1, 9), rng.choice(["sum", "at least", "equal to"])
@@ -255,7 +218,7 @@ def multiples(rng: random.Random, k: int) -> Problem:
                     f"n = int(input())\nprint(sum({term} for i in range(1, n) if i % {d} == 0))\n")
 
 
-TRAIN_FAMILIES = {f.__name__: f for f in (arithmetic, pair, lists, condition, loop, strings, number, letters)}
+TRAIN_FAMILIES = {f.__name__: f for f in (arithmetic, pair, lists, condition, loop, strings)}
 HELD_OUT_FAMILIES = {f.__name__: f for f in (digits, multiples)}
 
 
