@@ -304,7 +304,8 @@ static void build_root(const char *workdir, char **binds, int nbinds, int with_p
     }
     const char *dirs[] = {"/etc", "/dev", "/proc", "/tmp", "/work", "/.run", "/.scratch"};
     for (int i = 0; i < 7; i++) { at(path, dirs[i]); if (mkdir(path, i == 5 ? 0700 : 0755)) die("mkdir"); }
-    const char *etc[] = {"/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"};  /* what exec needs */
+    /* what exec needs (the compiler's tools are links through /etc/alternatives; a copy has no such links) */
+    const char *etc[] = {"/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"};
     for (int i = 0; i < 3; i++) { snprintf(path, sizeof path, "%s%s", sysroot, etc[i]); bind_path(path, etc[i], 1); }
     const char *dev[] = {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"};
     for (int i = 0; i < 5; i++) bind_path(dev[i], dev[i], 0);
@@ -524,7 +525,9 @@ int main(int argc, char **argv) {
             break;
         }
         case 'i': isolated = 1; snprintf(root, sizeof root, "%s", optarg); break;
-        case 'R': snprintf(sysroot, sizeof sysroot, "%s", optarg); break;
+        case 'R':
+            if (snprintf(sysroot, sizeof sysroot, "%s", optarg) >= (int)sizeof sysroot) die("-R: path too long");
+            break;
         case 's': tmpfs_mb = optarg; break;
         case 'w': workdir = optarg; break;
         case 'b': if (nbinds < 64) binds[nbinds++] = optarg; break;

@@ -1,23 +1,26 @@
 """A worker's own copy of the system files programs run on: no file page shared with a sibling sandbox.
 
     root = program_root(uid)        # cache_dir()/sysroot-<uid>-<key>: python3, its stdlib, the shared libraries
-    # sandbox.c -R root: the worker's sandbox binds root's /usr, /lib*, /bin, /etc files in place of the host's
+    # sandbox.c -R root: the worker's sandbox binds root's /usr and /lib* (and the /etc files) for the host's
 
 Why copies. Two programs judged at once in sibling sandboxes must have nothing to talk through. A futex on a
 file page is keyed by the file's inode and offset, not by the process: a thread created with
 CLONE_CHILD_CLEARTID pointing into a mapped system library makes the kernel wake, at the thread's exit, whoever
 waits on that word, in any sandbox that maps the same file (issue 31's review; seccomp cannot see the pointer's
 target). The same holds for every other per-inode state of a shared file (its page cache, its locks). A copy
-is a new inode: programs of different workers then map different files, and the futex keys never meet. Hard
-links would not do (one inode); reflinks would (`shutil.copy2` makes one where the filesystem can).
+is a new inode: programs of different workers then map different files, and the futex keys never meet (hard
+links would not do: one inode).
 
 What is copied: what programs load, derived, not listed by hand: the `python3` on the sandbox's PATH and its
 standard library (without its tests, IDLE, Tk, the static library and third-party packages: contest
 programs import the standard library), the shell and a few tools (`TOOLS`, for problems that allow processes),
 the shared libraries `ldd` names for all of these, its extension modules, libstdc++ and libgcc_s (what a C++
-program links against), with the dynamic loader, and the loader's cache.
-About 30 MB per worker, built once per machine and uid (kept across Judges; rebuilt when a copied file
-changes on the host). The compiler and the checkers are trusted: they keep the host's root.
+program links against), with the dynamic loader, and the loader's cache; the C.UTF-8 locale and the time
+zones (`DATA`); the host's top-level links (/bin -> usr/bin). About 55 MB per worker uid, built once per
+machine (kept across Judges; rebuilt when python3, its stdlib folders, the loader's cache, a tool, g++ or
+`VERSION` change). The compiler and the checkers are trusted: they keep the host's root. Only "namespaces"
+mode has copies; where one cannot be built the worker's sandbox does not start (never the host's files
+instead).
 
 Left: programs of one worker, one after another, share that worker's copy (a page-cache timing channel between
 consecutive runs of one worker; the judge README's What remains).
@@ -26,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import logging
 import os
 import re
 import shutil
@@ -35,12 +37,16 @@ from pathlib import Path
 
 from minirl.judge.host import cache_dir, remove_tree, unique_tmp
 
-log = logging.getLogger(__name__)
 SANDBOX_PATH = ("/usr/local/bin", "/usr/bin", "/bin")   # sandbox.ENV's PATH, in order
 # parts of the standard library no contest program imports, or that are not Python at all
 STDLIB_LEFT_OUT = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "site-packages",
                    "dist-packages"}
 ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime")   # what exec and libc's time functions read
+# data libc and Python read: the locale sandbox.ENV's LANG names (C.UTF-8: without it setlocale("") and
+# std::locale("") fail), and the time zones (zoneinfo, localtime_r with TZ)
+DATA = ("/usr/lib/locale/C.utf8", "/usr/share/zoneinfo")
+TOP_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")  # merged /usr: links sandbox.c mirrors
+VERSION = "2"  # bump when what is copied changes in a way the key below does not see
 # for problems that allow processes: the shell (os.system, shell=True) and the tools a shell line calls
 TOOLS = ("sh", "cat", "echo", "sleep", "true", "false", "env", "ls", "head", "tail", "sort", "wc", "tr", "cut",
          "seq")
@@ -76,8 +82,9 @@ def sources() -> tuple[str, Path, list[str]]:
     if python is None:
         raise FileNotFoundError(f"no python3 in {':'.join(SANDBOX_PATH)}")
     stdlib = _stdlib(python)
-    cxx = [subprocess.run(["g++", f"-print-file-name={n}"], capture_output=True, text=True, timeout=60).stdout
-           .strip() for n in ("libstdc++.so.6", "libgcc_s.so.1")] if shutil.which("g++") else []
+    gxx = _which("g++")                                       # the compiler the judge runs (sandbox.ENV's PATH)
+    cxx = [subprocess.run([gxx, f"-print-file-name={n}"], capture_output=True, text=True, timeout=60).stdout
+           .strip() for n in ("libstdc++.so.6", "libgcc_s.so.1")] if gxx else []
     tools = [t for t in map(_which, TOOLS) if t]
     elf = [python, *map(str, sorted((stdlib / "lib-dynload").glob("*.so"))), *(p for p in cxx if os.path.isabs(p)),
            *tools]
@@ -115,8 +122,15 @@ def _ignore(folder: str, names: list[str]) -> set[str]:
 
 
 def build(dest: Path, python: str, stdlib: Path, files: list[str]) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for link in TOP_LINKS:                                    # /bin -> usr/bin: /bin/sh is what system() runs
+        if os.path.islink(link) and not os.path.lexists(dest / link.lstrip("/")):
+            os.symlink(os.readlink(link), dest / link.lstrip("/"))
     for f in [python, *files]:
         _copy_file(f, dest)
+    for d in DATA:
+        if os.path.isdir(d):
+            shutil.copytree(d, _place(d, dest), symlinks=True, dirs_exist_ok=True)
     # python3 finds its prefix from its own path: keep the name the sandbox runs it by (/usr/bin/python3)
     shutil.copytree(stdlib, _place(str(stdlib), dest), symlinks=False, ignore=_ignore,
                     ignore_dangling_symlinks=True, dirs_exist_ok=True)
@@ -136,15 +150,18 @@ def _key() -> str:
     if python is None:
         raise FileNotFoundError(f"no python3 in {':'.join(SANDBOX_PATH)}")
     stdlib = _stdlib(python)
-    paths = [os.path.realpath(python), str(stdlib), str(stdlib / "lib-dynload"), *ETC_FILES]
+    gxx = _which("g++")
+    paths = [os.path.realpath(python), str(stdlib), str(stdlib / "lib-dynload"), *ETC_FILES, *DATA,
+             *(os.path.realpath(t) for t in map(_which, TOOLS) if t), *([os.path.realpath(gxx)] if gxx else [])]
     stamp = [(p, os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in paths if os.path.exists(p)]
-    what = (TOOLS, sorted(STDLIB_LEFT_OUT), ETC_FILES)             # and what this file copies
+    what = (VERSION, TOOLS, sorted(STDLIB_LEFT_OUT), ETC_FILES, DATA, TOP_LINKS)   # and what this file copies
     return hashlib.sha256(repr((stamp, what)).encode()).hexdigest()[:12]
 
 
-def program_root(uid: int) -> Path | None:
-    """This uid's copy of the program's system files, built if missing or stale; None (with a warning) where it
-    cannot be built: the worker's sandbox then binds the host's folders, as before."""
+def program_root(uid: int) -> Path:
+    """This uid's copy of the program's system files, built if missing or stale. Where it cannot be built the
+    sandbox does not start (RuntimeError, a judge error for the job): sharing the host's files would open the
+    channels the copy closes, silently."""
     cache = cache_dir()
     try:
         root = cache / f"sysroot-{uid}-{_key()}"
@@ -158,6 +175,6 @@ def program_root(uid: int) -> Path | None:
         os.replace(tmp, root)
         return root
     except (OSError, subprocess.SubprocessError) as e:
-        log.warning("cannot build the programs' own system files (%s): sandboxes share the host's, and with them "
-                    "a futex channel between siblings (minirl/judge/sysroot.py)", e)
-        return None
+        raise RuntimeError(f"cannot build the programs' own copy of the system files in {cache} ({e}): the judge "
+                           "needs python3 and ldd on the host and ~55 MB of disk per worker there "
+                           "(minirl/judge/sysroot.py)") from e

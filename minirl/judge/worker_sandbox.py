@@ -48,6 +48,7 @@ class WorkerSandbox:
     def __init__(self, uid: int, cgroup: RunCgroup | None):
         self.uid, self.cgroup = uid, cgroup
         cache = cache_dir()
+        system = program_root(uid)                     # this worker's own copy of what programs load
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         for left in cache.glob(f"sandbox-{uid}-*"):    # a judge that died holding this uid left them
             if left.is_dir():
@@ -61,9 +62,7 @@ class WorkerSandbox:
         self._files.mkdir(mode=0o700)
         self._staged: dict[str, tuple] = {}            # name -> (device, inode, size, mtime) of the file staged
         opts = ["-u", str(uid), "-p", str(NPROC), "-i", str(new_root(cache)), "-b", f"{self._files}:/.run/bin",
-                "-c", str(theirs.fileno())]
-        system = program_root(uid)                     # this worker's own copy of what programs load
-        opts += ["-R", str(system)] if system else []
+                "-R", str(system), "-c", str(theirs.fileno())]
         opts += cgroup_options(cgroup) if cgroup else []
         self._errors = cache / f"sandbox-{uid}-{os.getpid()}.err"   # the sandbox's own failures
         try:

@@ -69,3 +69,20 @@ def test_the_futex_attack_works_inside_one_sandbox(judge):
     test above passes for the right reason (the wake is made, and it is not the filter that stops it)."""
     r = judge.run(FUTEX, "cpp", [{"input": "both\n", "output": "woken"}], time_limit_s=5)
     assert r.verdict == "AC", r
+
+
+@root_only
+def test_honest_programs_find_the_shell_the_locale_and_the_time_zones_in_the_copy(judge):
+    """What the copy must hold beside the libraries: /bin/sh (system(), shell=True), the C.UTF-8 locale that
+    the sandbox's LANG names (setlocale(""), std::locale("")), and the time zones."""
+    shell = ("import os, subprocess\nassert os.system('true') == 0\n"
+             "print(subprocess.run('echo ok', shell=True, capture_output=True, text=True).stdout.strip())\n")
+    locale = ("import locale, zoneinfo\nlocale.setlocale(locale.LC_ALL, '')\n"
+              "zoneinfo.ZoneInfo('Europe/Paris')\nprint('ok')\n")
+    cpp = ("#include <bits/stdc++.h>\n#include <clocale>\nint main() {\n"
+           "    if (!std::setlocale(LC_ALL, \"\")) return 1;\n    std::locale l(\"\");\n    std::cout << \"ok\\n\";\n}\n")
+    ok = [{"input": "", "output": "ok"}]
+    results = judge.run_many([dict(source=shell, language="python", tests=ok, processes=True),
+                              dict(source=locale, language="python", tests=ok),
+                              dict(source=cpp, language="cpp", tests=ok)])
+    assert [r.verdict for r in results] == ["AC"] * 3, results
