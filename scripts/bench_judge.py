@@ -141,10 +141,13 @@ def main() -> None:
 
     from minirl.judge import Judge
     from minirl.judge.host import cache_dir
+    from minirl.judge.sysroot import program_root
     cache = Path(tempfile.mkdtemp(prefix="bench-", dir=cache_dir()))  # an empty binary cache
     os.environ["MINIRL_JUDGE_CACHE"] = str(cache)
     results, t_minirl, cpu_minirl = {}, {}, {}
     with Judge(workers=args.workers) as judge:  # builds the PCH (not timed: once per machine and flag set)
+        for uid in judge.uids:                  # and each worker's copy of the system files (the same)
+            program_root(uid)
         for lang, batch in langs.items():
             t0, c0 = time.perf_counter(), machine_cpu_s()
             results[lang] = judge.run_many(batch)
