@@ -80,7 +80,8 @@ def test_honest_programs_find_the_shell_the_locale_and_the_time_zones_in_the_cop
     locale = ("import locale, zoneinfo\nlocale.setlocale(locale.LC_ALL, '')\n"
               "zoneinfo.ZoneInfo('Europe/Paris')\nprint('ok')\n")
     cpp = ("#include <bits/stdc++.h>\n#include <clocale>\nint main() {\n"
-           "    if (!std::setlocale(LC_ALL, \"\")) return 1;\n    std::locale l(\"\");\n    std::cout << \"ok\\n\";\n}\n")
+           "    if (!std::setlocale(LC_ALL, \"\")) return 1;\n    std::locale l(\"\");\n"
+           "    std::cout << \"ok\\n\";\n}\n")
     ok = [{"input": "", "output": "ok"}]
     results = judge.run_many([dict(source=shell, language="python", tests=ok, processes=True),
                               dict(source=locale, language="python", tests=ok),
