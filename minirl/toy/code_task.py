@@ -258,15 +258,17 @@ def problems(n: int, seed: int, split: str, families: dict | None = None, num_te
 
 
 def to_row(p: Problem, language: str, split: str, index: int, num_tests: int = 6, example: bool = True,
-           shot: bool = True) -> dict:
+           shot: bool = True, instruction: bool = True) -> dict:
     """The veRL code row of a problem, in the format scripts/prepare_codecontests.py writes; `example`: the
-    statement shows one test (as contest statements do); `shot`: the SHOT problem and its answer come first
-    (the tiny code model is trained with neither)."""
+    statement shows one test (as contest statements do); `shot`: the SHOT problem and its answer come first;
+    `instruction`: the language's instruction follows the statement (the tiny code model is trained with none
+    of the three: a bare statement is a third of the tokens, and the model's warm-up costs what its tokens do)."""
     truth = {"tests": p.tests(num_tests), "language": language, "time_limit_s": 2.0, "memory_limit_mb": 256,
              "float_tolerance": None}
     source = NEW_FAMILIES_SOURCE if p.family in HELD_OUT_FAMILIES else CODE_DATA_SOURCE
     statement = f"{p.statement}\n{p.example}" if example else p.statement
-    prompt = [{"role": "user", "content": f"{statement}\n\n{INSTRUCTIONS[language]}"}]
+    content = f"{statement}\n\n{INSTRUCTIONS[language]}" if instruction else statement
+    prompt = [{"role": "user", "content": content}]
     if shot:
         prompt = [{"role": "user", "content": f"{SHOT}\n\n{INSTRUCTIONS[language]}"},
                   {"role": "assistant", "content": SHOT_ANSWERS[language]}] + prompt
@@ -277,9 +279,10 @@ def to_row(p: Problem, language: str, split: str, index: int, num_tests: int = 6
 
 
 def code_task_rows(n: int, seed: int, split: str, language: str = "python", families: dict | None = None,
-                   num_tests: int = 6, example: bool = True, shot: bool = True) -> list[dict]:
+                   num_tests: int = 6, example: bool = True, shot: bool = True,
+                   instruction: bool = True) -> list[dict]:
     """`n` veRL rows of the split (see `problems`), the prompt asking for `language` ("python" or "cpp")."""
     if language not in INSTRUCTIONS:
         raise ValueError(f"language must be 'python' or 'cpp', got {language!r}")
-    return [to_row(p, language, split, i, num_tests, example, shot)
+    return [to_row(p, language, split, i, num_tests, example, shot, instruction)
             for i, p in enumerate(problems(n, seed, split, families, num_tests))]
