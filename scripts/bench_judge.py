@@ -146,8 +146,8 @@ def main() -> None:
     os.environ["MINIRL_JUDGE_CACHE"] = str(cache)
     results, t_minirl, cpu_minirl = {}, {}, {}
     with Judge(workers=args.workers) as judge:  # builds the PCH (not timed: once per machine and flag set)
-        for uid in judge.uids:                  # and each worker's copy of the system files (the same)
-            program_root(uid)
+        for uid in judge.uids if judge.isolation == "namespaces" else ():  # each worker's copy of the system
+            program_root(uid)                                                # files (the same: once per machine)
         for lang, batch in langs.items():
             t0, c0 = time.perf_counter(), machine_cpu_s()
             results[lang] = judge.run_many(batch)

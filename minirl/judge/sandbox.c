@@ -4,7 +4,7 @@
  * filter, the new root and the init that reaps depend on each other's order); split, no part would make sense.
  *
  *   sandbox -u UID -t CPU_S -m AS_BYTES -f FSIZE_BYTES -p NPROC [-r REPORT] [-g CGROUP_PROCS]... [-F] [-C] [-N]
- *           [-i NEWROOT -s TMPFS_MB [-w HOST_DIR] [-b HOST_PATH:PATH]...] -- PROGRAM [ARGS...]
+ *           [-i NEWROOT [-R SYSROOT] -s TMPFS_MB [-w HOST_DIR] [-b HOST_PATH:PATH]...] -- PROGRAM [ARGS...]
  *   sandbox -u UID -p NPROC [-g CGROUP_PROCS]... -i NEWROOT [-R SYSROOT] -b HOST_DIR:/.run/bin -c FD
  *
  * -g: join these cgroups first (a cgroup.procs file per controller; sandbox.py creates them).
@@ -173,8 +173,9 @@ static void refuse_flags(int nr, int arg, unsigned flags, int err) {
 }
 
 /* Futexes: any with FUTEX_PRIVATE_FLAG (keyed by this process's memory); without it only the waits (glibc's
- * pthread_join waits on a shared futex that the kernel wakes). A shared wake is keyed by the inode of a file page,
- * and every sandbox maps the same libc: one sample could wake a sibling's wait on it. */
+ * pthread_join waits on a shared futex that the kernel wakes). A shared wake is keyed by the inode of a file page:
+ * before sysroot.py every sandbox mapped the same libc, and one sample could wake a sibling's wait on it. The
+ * per-worker copies (-R) now keep workers apart; this stays as a second line. */
 static void futex_ops(void) {
     ADD(IS(SYS_futex, 0, 7)); ADD(LD(ARG_LO(1)));
     ADD(HAS(FUTEX_PRIVATE_FLAG, 4, 0)); ADD(BPF_STMT(BPF_ALU | BPF_AND | BPF_K, FUTEX_CMD_MASK));

@@ -16,11 +16,11 @@ standard library (without its tests, IDLE, Tk, the static library and third-part
 programs import the standard library), the shell and a few tools (`TOOLS`, for problems that allow processes),
 the shared libraries `ldd` names for all of these, its extension modules, libstdc++ and libgcc_s (what a C++
 program links against), with the dynamic loader, and the loader's cache; the C.UTF-8 locale and the time
-zones (`DATA`); the host's top-level links (/bin -> usr/bin). About 55 MB per worker uid, built once per
-machine (kept across Judges; rebuilt when python3, its stdlib folders, the loader's cache, a tool, g++ or
-`VERSION` change). The compiler and the checkers are trusted: they keep the host's root. Only "namespaces"
-mode has copies; where one cannot be built the worker's sandbox does not start (never the host's files
-instead).
+zones (`DATA`); the host's top-level links (/bin -> usr/bin). About 57 MB per worker uid, built once per
+machine (kept across Judges; rebuilt when python3, its stdlib folders, the loader's cache, localtime, `DATA`,
+a tool, g++ or `VERSION` change: `_key`). The compiler and the checkers are trusted: they keep the host's
+root. Only "namespaces" mode has copies; where one cannot be built the worker's sandbox does not start (never
+the host's files instead).
 
 Left: programs of one worker, one after another, share that worker's copy (a page-cache timing channel between
 consecutive runs of one worker; the judge README's What remains).
@@ -36,8 +36,9 @@ import subprocess
 from pathlib import Path
 
 from minirl.judge.host import cache_dir, remove_tree, unique_tmp
+from minirl.judge.sandbox import ENV
 
-SANDBOX_PATH = ("/usr/local/bin", "/usr/bin", "/bin")   # sandbox.ENV's PATH, in order
+SANDBOX_PATH = tuple(ENV["PATH"].split(":"))          # where the sandbox finds python3, sh and g++
 # parts of the standard library no contest program imports, or that are not Python at all
 STDLIB_LEFT_OUT = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "site-packages",
                    "dist-packages"}
@@ -73,7 +74,7 @@ def _stdlib(python: str) -> Path:
 def _libraries(files: list[str]) -> set[str]:
     """The shared libraries (and the loader) these ELF files load, as `ldd` resolves them."""
     out = subprocess.run(["ldd", *files], capture_output=True, text=True, timeout=120).stdout
-    return {m for m in re.findall(r"(?:=>\s*)?(/\S+)\s+\(0x", out)}
+    return set(re.findall(r"(/\S+)\s+\(0x", out))
 
 
 def sources() -> tuple[str, Path, list[str]]:
@@ -88,7 +89,10 @@ def sources() -> tuple[str, Path, list[str]]:
     tools = [t for t in map(_which, TOOLS) if t]
     elf = [python, *map(str, sorted((stdlib / "lib-dynload").glob("*.so"))), *(p for p in cxx if os.path.isabs(p)),
            *tools]
-    files = {os.path.normpath(p) for p in elf} | _libraries(elf) | {p for p in ETC_FILES if os.path.exists(p)}
+    libraries = _libraries(elf)
+    if not any("/ld-linux" in p for p in libraries) or not any(p.endswith("/libc.so.6") for p in libraries):
+        raise FileNotFoundError(f"ldd named no loader or libc for {python}")
+    files = {os.path.normpath(p) for p in elf} | libraries | {p for p in ETC_FILES if os.path.exists(p)}
     return python, stdlib, sorted(files)
 
 
@@ -117,8 +121,7 @@ def _copy_file(path: str, dest: Path) -> None:
 
 
 def _ignore(folder: str, names: list[str]) -> set[str]:
-    left = {n for n in names if n in STDLIB_LEFT_OUT or n.startswith("config-") or ".opt-" in n}
-    return left
+    return {n for n in names if n in STDLIB_LEFT_OUT or n.startswith("config-") or ".opt-" in n}
 
 
 def build(dest: Path, python: str, stdlib: Path, files: list[str]) -> None:
@@ -144,8 +147,9 @@ def build(dest: Path, python: str, stdlib: Path, files: list[str]) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _key() -> str:
-    """What the copy depends on, cheaply: python3, its stdlib and extension folders, and the loader's cache
-    (ldconfig rewrites it whenever a library is installed). Once per process."""
+    """What the copy depends on, cheaply (once per process): python3, its stdlib and extension folders, the
+    loader's cache (ldconfig rewrites it whenever a library is installed), /etc/localtime, `DATA`, the tools,
+    g++, and what this file copies (`VERSION` and the lists above)."""
     python = _python()
     if python is None:
         raise FileNotFoundError(f"no python3 in {':'.join(SANDBOX_PATH)}")
@@ -167,14 +171,19 @@ def program_root(uid: int) -> Path:
         root = cache / f"sysroot-{uid}-{_key()}"
         if (root / ".complete").exists():
             return root
-        for old in cache.glob(f"sysroot-{uid}-*"):
-            remove_tree(old)
         tmp = unique_tmp(root)
-        build(tmp, *sources())
+        try:
+            build(tmp, *sources())
+        except BaseException:
+            remove_tree(tmp)                                  # no half-built copy left behind
+            raise
         (tmp / ".complete").touch()
         os.replace(tmp, root)
+        for old in cache.glob(f"sysroot-{uid}-*"):           # this uid's older copies, and builds a crash left
+            if old != root:
+                remove_tree(old)
         return root
     except (OSError, subprocess.SubprocessError) as e:
         raise RuntimeError(f"cannot build the programs' own copy of the system files in {cache} ({e}): the judge "
-                           "needs python3 and ldd on the host and ~55 MB of disk per worker there "
+                           "needs python3 and ldd on the host and ~57 MB of disk per worker there "
                            "(minirl/judge/sysroot.py)") from e

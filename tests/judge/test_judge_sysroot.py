@@ -67,6 +67,8 @@ def test_a_thread_exit_futex_wake_reaches_no_sibling(judge):
 def test_the_futex_attack_works_inside_one_sandbox(judge):
     """The control: the same wake reaches a waiter on the same word of the same file in one program, so the
     test above passes for the right reason (the wake is made, and it is not the filter that stops it)."""
+    if not os.path.exists("/lib/x86_64-linux-gnu/libc.so.6"):
+        pytest.skip("no Debian-style libc path on this host")
     r = judge.run(FUTEX, "cpp", [{"input": "both\n", "output": "woken"}], time_limit_s=5)
     assert r.verdict == "AC", r
 
@@ -87,3 +89,19 @@ def test_honest_programs_find_the_shell_the_locale_and_the_time_zones_in_the_cop
                               dict(source=locale, language="python", tests=ok),
                               dict(source=cpp, language="cpp", tests=ok)])
     assert [r.verdict for r in results] == ["AC"] * 3, results
+
+
+@root_only
+def test_a_copy_that_cannot_be_built_is_a_judge_error_never_the_hosts_files(monkeypatch):
+    """Fail closed: without the copy the worker's sandbox does not start, and the job says why."""
+    from minirl.judge import Judge, sysroot
+
+    def no_ldd():
+        raise FileNotFoundError("no ldd here")
+    monkeypatch.setattr(sysroot, "_key", lambda: "unbuildable")    # a copy that does not exist yet
+    monkeypatch.setattr(sysroot, "sources", no_ldd)
+    with Judge(workers=1) as j:
+        if j.isolation != "namespaces":
+            pytest.skip("copies are namespaces mode's")
+        r = j.run("print(3)\n", "python", [{"input": "", "output": "3"}])
+    assert r.verdict == "RE" and "cannot build the programs' own copy" in r.message and "no ldd" in r.message, r
