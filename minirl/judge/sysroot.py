@@ -61,14 +61,15 @@ def _which(name: str) -> str | None:
     return None
 
 
-def _python() -> str | None:
-    return _which("python3")
-
-
-def _stdlib(python: str) -> Path:
+@functools.lru_cache(maxsize=None)
+def _interpreter() -> tuple[str, Path]:
+    """The python3 programs run (the first on the sandbox's PATH) and its standard library folder."""
+    python = _which("python3")
+    if python is None:
+        raise FileNotFoundError(f"no python3 in {':'.join(SANDBOX_PATH)}")
     out = subprocess.run([python, "-I", "-S", "-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"],
                          capture_output=True, text=True, timeout=60, check=True).stdout
-    return Path(out.strip())
+    return python, Path(out.strip())
 
 
 def _libraries(files: list[str]) -> set[str]:
@@ -79,10 +80,7 @@ def _libraries(files: list[str]) -> set[str]:
 
 def sources() -> tuple[str, Path, list[str]]:
     """(python3, its stdlib folder, the other files to copy): what `program_root` copies."""
-    python = _python()
-    if python is None:
-        raise FileNotFoundError(f"no python3 in {':'.join(SANDBOX_PATH)}")
-    stdlib = _stdlib(python)
+    python, stdlib = _interpreter()
     gxx = _which("g++")                                       # the compiler the judge runs (sandbox.ENV's PATH)
     cxx = [subprocess.run([gxx, f"-print-file-name={n}"], capture_output=True, text=True, timeout=60).stdout
            .strip() for n in ("libstdc++.so.6", "libgcc_s.so.1")] if gxx else []
@@ -150,10 +148,7 @@ def _key() -> str:
     """What the copy depends on, cheaply (once per process): python3, its stdlib and extension folders, the
     loader's cache (ldconfig rewrites it whenever a library is installed), /etc/localtime, `DATA`, the tools,
     g++, and what this file copies (`VERSION` and the lists above)."""
-    python = _python()
-    if python is None:
-        raise FileNotFoundError(f"no python3 in {':'.join(SANDBOX_PATH)}")
-    stdlib = _stdlib(python)
+    python, stdlib = _interpreter()
     gxx = _which("g++")
     paths = [os.path.realpath(python), str(stdlib), str(stdlib / "lib-dynload"), *ETC_FILES, *DATA,
              *(os.path.realpath(t) for t in map(_which, TOOLS) if t), *([os.path.realpath(gxx)] if gxx else [])]
