@@ -64,11 +64,13 @@ def validate(model, tokenizer, rows: list[dict], scorer: Scorer, cfg: Config, ra
              ) -> dict[str, float]:
     """Held-out validation: mean reward (accuracy for 0/1 rewards) per data source, each process scoring its
     share of the rows; returns val/test_score/<data_source>, and for code sources val/accepted/<data_source>,
-    the fraction of programs the judge accepted (pass@1 when greedy: partly right programs score > 0)."""
+    the fraction of programs the judge accepted (pass@1 when greedy: partly right programs score > 0).
+    Sampled validation (val_greedy false) draws with the run's seed every time, so that two validations differ
+    by what training changed, not by the draw."""
     with gathered(model):
         records = evaluate(model, tokenizer, rows[rank::world], n=1 if cfg.val_greedy else cfg.group_size,
                            greedy=cfg.val_greedy, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                           scorer=scorer)
+                           scorer=scorer, seed=cfg.seed)
     sources = sorted({r["data_source"] for r in rows})
     code = {r["data_source"] for r in rows if is_code(r)} if scorer.judges_code else set()
     sums = torch.tensor([[sum(r["reward"] for r in records if r["data_source"] == s),

@@ -15,6 +15,8 @@ from __future__ import annotations
 import time
 from collections import Counter, defaultdict
 
+import torch
+
 from minirl.data import prompt_text
 from minirl.rewards import Scorer, normalise_answer
 from minirl.rollout import sample
@@ -44,10 +46,12 @@ def majority_vote(answers: list[str | None], rewards: list[float]) -> float:
 
 def evaluate(model, tokenizer, rows: list[dict], n: int = 1, greedy: bool = True, temperature: float = 1.0,
              top_p: float = 1.0, max_new_tokens: int = 256, batch_size: int = 32, progress=None,
-             scorer: Scorer | None = None) -> list[dict]:
+             scorer: Scorer | None = None, seed: int | None = None) -> list[dict]:
     """One record per completion: problem_id, data_source, index, sample, prompt, completion, answer, reward,
     (verdict), tokens, truncated, seconds. `scorer` is the training run's (default: the built-in rewards, no
-    judge); `progress`, if given, is called with the number of rows finished."""
+    judge); `progress`, if given, is called with the number of rows finished. `seed`: sampling draws its noise
+    from a generator seeded with it (per batch of rows), so two evaluations of the same rows, say before and
+    after training, sample with the same noise and differ by what the model changed, not by the draw."""
     scorer = scorer or Scorer()
     if greedy and n != 1:
         raise ValueError("greedy decoding gives n identical completions; use n=1 or a temperature > 0")
@@ -56,8 +60,10 @@ def evaluate(model, tokenizer, rows: list[dict], n: int = 1, greedy: bool = True
         chunk = rows[s:s + batch_size]
         prompts = [prompt_text(r, tokenizer) for r in chunk]
         t0 = time.perf_counter()
+        generator = None if seed is None or greedy else \
+            torch.Generator(next(model.parameters()).device).manual_seed(seed + s)
         rollout = sample(model, tokenizer, prompts, group_size=n, max_new_tokens=max_new_tokens,
-                         temperature=temperature, top_p=top_p, greedy=greedy)
+                         temperature=temperature, top_p=top_p, greedy=greedy, generator=generator)
         seconds = time.perf_counter() - t0
         expanded = [r for r in chunk for _ in range(n)]
         scored = scorer.details(rollout.texts, expanded)

@@ -49,6 +49,21 @@ SHOT_ANSWERS = {
     "cpp": "```cpp\n#include <bits/stdc++.h>\nusing namespace std;\n\nint main() {\n    long long a, b;\n"
            "    cin >> a >> b;\n    cout << a % b << endl;\n    return 0;\n}\n```",
 }
+# The multi-turn variant (`tool=True` rows for CodeEnv, as scripts/probe_tool_use.py runs them): the same
+# shot, answered by first checking the program with the tool. A chat template that renders no `tools=` (SmolLM2's writes plain ChatML)
+# leaves the model unaware of the tool, so the rows say in a system message how to call it (Hermes-style
+# <tool_call> JSON, what minirl.agentic.env.parse_tool_calls reads), and the shot shows one call and its reply.
+TOOL_SYSTEM = "You can test a program on the example before you answer. To test it, write only\n" \
+    '<tool_call>{"name": "check_solution", "arguments": {"code": "THE PROGRAM"}}</tool_call>\n' \
+    "with the program as a JSON string. The reply tells you whether the example's output was right. Then give " \
+    "your final program in one code block."
+SHOT_TOOL_CALL = {
+    language: '<tool_call>' + json.dumps({"name": "check_solution", "arguments": {"code": code}}) + '</tool_call>'
+    for language, code in [("python", "a, b = map(int, input().split())\nprint(a % b)\n"),
+                           ("cpp", "#include <bits/stdc++.h>\nusing namespace std;\n\nint main() {\n"
+                                   "    long long a, b;\n    cin >> a >> b;\n    cout << a % b << endl;\n"
+                                   "    return 0;\n}\n")]}
+SHOT_TOOL_REPLY = "AC: passed 1 of 1 example tests.\ntest 1: AC"
 CPP = "#include <bits/stdc++.h>\nusing namespace std;\n\nint main() {{\n{body}\n    return 0;\n}}\n"
 
 
@@ -258,20 +273,29 @@ def problems(n: int, seed: int, split: str, families: dict | None = None, num_te
 
 
 def to_row(p: Problem, language: str, split: str, index: int, num_tests: int = 6, example: bool = True,
-           shot: bool = True, instruction: bool = True) -> dict:
+           shot: bool = True, instruction: bool = True, tool: bool = False) -> dict:
     """The veRL code row of a problem, in the format scripts/prepare_codecontests.py writes; `example`: the
     statement shows one test (as contest statements do); `shot`: the SHOT problem and its answer come first;
     `instruction`: the language's instruction follows the statement (the tiny code model is trained with none
-    of the three: a bare statement is a third of the tokens, and the model's warm-up costs what its tokens do)."""
+    of the three: a bare statement is a third of the tokens, and the model's warm-up costs what its tokens do);
+    `tool`: the multi-turn variant's prompt (TOOL_SYSTEM, and a shot that checks its program first)."""
     truth = {"tests": p.tests(num_tests), "language": language, "time_limit_s": 2.0, "memory_limit_mb": 256,
              "float_tolerance": None}
+    if tool:  # what check_solution runs (CodeEnv): the statement's example (the last test when num_tests >= 3)
+        if not example:
+            raise ValueError("tool rows check the statement's example: pass example=True")
+        truth["public_tests"] = [{"input": p.inputs[-1] + "\n", "output": p.outputs[-1] + "\n"}]
     source = NEW_FAMILIES_SOURCE if p.family in HELD_OUT_FAMILIES else CODE_DATA_SOURCE
     statement = f"{p.statement}\n{p.example}" if example else p.statement
     content = f"{statement}\n\n{INSTRUCTIONS[language]}" if instruction else statement
     prompt = [{"role": "user", "content": content}]
     if shot:
-        prompt = [{"role": "user", "content": f"{SHOT}\n\n{INSTRUCTIONS[language]}"},
+        checked = [{"role": "assistant", "content": SHOT_TOOL_CALL[language]},
+                   {"role": "tool", "name": "check_solution", "content": SHOT_TOOL_REPLY}] if tool else []
+        prompt = [{"role": "user", "content": f"{SHOT}\n\n{INSTRUCTIONS[language]}"}, *checked,
                   {"role": "assistant", "content": SHOT_ANSWERS[language]}] + prompt
+    if tool:
+        prompt = [{"role": "system", "content": TOOL_SYSTEM}] + prompt
     return {"data_source": source, "prompt": prompt,
             "ability": "code",
             "reward_model": {"style": "rule", "ground_truth": json.dumps(truth)},
@@ -279,10 +303,10 @@ def to_row(p: Problem, language: str, split: str, index: int, num_tests: int = 6
 
 
 def code_task_rows(n: int, seed: int, split: str, language: str = "python", families: dict | None = None,
-                   num_tests: int = 6, example: bool = True, shot: bool = True,
-                   instruction: bool = True) -> list[dict]:
+                   num_tests: int = 6, example: bool = True, shot: bool = True, instruction: bool = True,
+                   tool: bool = False) -> list[dict]:
     """`n` veRL rows of the split (see `problems`), the prompt asking for `language` ("python" or "cpp")."""
     if language not in INSTRUCTIONS:
         raise ValueError(f"language must be 'python' or 'cpp', got {language!r}")
-    return [to_row(p, language, split, i, num_tests, example, shot, instruction)
+    return [to_row(p, language, split, i, num_tests, example, shot, instruction, tool)
             for i, p in enumerate(problems(n, seed, split, families, num_tests))]

@@ -124,3 +124,31 @@ def test_a_training_step_counts_the_verdicts_of_its_samples(judge, tiny_path):
     counts = {k.removeprefix("critic/verdict/"): v for k, v in m.items() if k.startswith("critic/verdict/")}
     assert counts == {**dict.fromkeys(CODE_VERDICTS, 0), "AC": 3, "WA": 1, "CE": 1, "no code": 3}, counts
     assert rewards[0] == 1.0 and rewards[3] == -1.0
+
+
+def test_tool_rows_teach_the_tool_call_that_code_env_reads_and_check_the_example(judge):
+    """The multi-turn variant's rows (tool=True): the system message and the shot's call are what CodeEnv
+    parses, the shot's reply is what the tool answers on the shot's example, and the tool checks the
+    statement's example."""
+    from minirl.agentic.env import CodeEnv, parse_tool_calls
+    from minirl.toy.code_task import SHOT_TOOL_CALL, SHOT_TOOL_REPLY, TOOL_SYSTEM
+    for language in ("python", "cpp"):
+        row = code_task_rows(1, 3, "test", language, tool=True)[0]
+        assert [m["role"] for m in row["prompt"]] == ["system", "user", "assistant", "tool", "assistant", "user"]
+        assert row["prompt"][0]["content"] == TOOL_SYSTEM and row["prompt"][2]["content"] == SHOT_TOOL_CALL[language]
+        [call] = parse_tool_calls(None, SHOT_TOOL_CALL[language])
+        assert call["name"] == "check_solution"
+        truth = json.loads(row["reward_model"]["ground_truth"])
+        assert truth["public_tests"] == [truth["tests"][-1]]  # the example the statement shows
+        assert truth["tests"][-1]["input"].strip() in row["prompt"][-1]["content"]
+        env = CodeEnv(judge, None, max_turns=2)
+        messages = env.reset(row)
+        checked = env.step(messages, SHOT_TOOL_CALL[language])  # the shot's program, on this row's example
+        assert checked[0] is not None and checked[2]["turns"] == 1  # a tool turn, not the answer
+        env.reset({**row, "reward_model": {"ground_truth": {**truth, "public_tests": [
+            {"input": "17 5\n", "output": "2\n"}]}}})  # the shot's own example
+        assert env.step(messages, SHOT_TOOL_CALL[language])[0][-1]["content"] == SHOT_TOOL_REPLY
+    with pytest.raises(ValueError, match="example=True"):
+        code_task_rows(1, 3, "test", "python", tool=True, example=False)
+    plain = code_task_rows(1, 3, "test", "python")[0]
+    assert "public_tests" not in json.loads(plain["reward_model"]["ground_truth"])
