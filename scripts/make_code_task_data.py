@@ -3,7 +3,7 @@
     python scripts/make_code_task_data.py    # data/code_task_{train,test}_{python,cpp}.jsonl (1000 / 96 rows)
 
 The problems are minirl/toy/code_task.py's: train rows from the 6 training families, test rows with held-out
-parameters of those families (data_source "code_task") and from the 2 held-out families
+parameters of those families (data_source "code_task") and from the 4 held-out families
 ("code_task/new_families"). The Python and C++ files hold the same problems, the prompt asking for the
 language. The test files are what recipes/code_cpu.yaml validates on.
 """
