@@ -241,18 +241,48 @@ def span(rng: random.Random, k: int) -> Problem:
                     f"{read}print(sum({term_c} for i in range(a, b)))\n")
 
 
+def _rejecting(rng: random.Random, draw, k: int, edges: list[str], right: str, wrong: list[str], names) -> list[str]:
+    """`k` random inputs from `draw()` after the edge cases, each drawn (up to 100 tries) so that it rejects a
+    wrong YES/NO test still passing the inputs so far: `right` and `wrong` are Python conditions over `names`
+    (a function of an input). A family with a YES/NO answer otherwise passes programs that skip half the task
+    (a alone for a + b, the wrong letter) on all its tests: random inputs mostly answer the same."""
+    def answer(test: str, x: str) -> bool:
+        return bool(eval(test, {}, names(x)))
+    alive = [w for w in wrong if all(answer(w, x) == answer(right, x) for x in edges)]
+    inputs = []
+    for _ in range(k):
+        for _ in range(100):
+            x = draw()
+            if any(answer(w, x) != answer(right, x) for w in alive):
+                break
+        alive = [w for w in alive if answer(w, x) == answer(right, x)]
+        inputs.append(x)
+    return inputs
+
+
+COMPARISONS = {"at least": ">=", "at most": "<="}
+
+
 def compare(rng: random.Random, k: int) -> Problem:
     """pair + condition: a b on one line -> YES if their sum, difference, ... is at least / at most t. Slip: >
-    for >=, < for <=."""
-    op, kind, t = rng.choice(sorted(PAIR_OPS)), rng.choice(["at least", "at most"]), rng.randint(2, 9)
-    value = PAIR_OPS[op][0]
-    test, slip = (f"{value} >= {t}", f"{value} > {t}") if kind == "at least" else (f"{value} <= {t}", f"{value} < {t}")
+    for >=, < for <=. The tests reject comparing a alone, b alone, another operation or another bound."""
+    op, kind, t = rng.choice(sorted(PAIR_OPS)), rng.choice(sorted(COMPARISONS)), rng.randint(2, 9)
+    value, cmp = PAIR_OPS[op][0], COMPARISONS[kind]
+    test, slip = f"{value} {cmp} {t}", f"{value} {cmp[0]} {t}"
     word = {"difference": "difference a - b"}.get(op, op)
-    equal = {"sum": (t, 0), "difference": (t, 0), "product": (t, 1), "maximum": (t, t - 1), "minimum": (t, t + 1)}[op]
-    inputs = ["%d %d" % equal, f"{t + 1} {t + 2}", f"{-t} 1"] + \
-        [f"{rng.randint(-20, 20)} {rng.randint(-20, 20)}" for _ in range(k)]
-    solve = lambda s: "YES" if eval(test, {}, dict(zip("ab", map(int, s.split())))) else "NO"  # noqa: E731
+
+    def at(v: int) -> tuple[int, int]:  # a and b whose value is v
+        return {"sum": (v, 0), "difference": (v, 0), "product": (v, 1), "maximum": (v, v - 1),
+                "minimum": (v, v + 1)}[op]
+    past = t - 1 if kind == "at least" else t + 1  # the first value on the NO side
+    edges = ["%d %d" % at(t), "%d %d" % at(past), "%d %d" % at(t)[::-1]]
+    values = ["a", "b", "a + b", "a - b", "b - a", "a * b", "max(a, b)", "min(a, b)"]
+    wrong = [f"{v} {c} {bound}" for v in values for c in (">=", ">", "<=", "<", "==")
+             for bound in (t - 1, t, t + 1, 0)]
     read = "a, b = map(int, input().split())\n"
+    inputs = edges + _rejecting(rng, lambda: f"{rng.randint(-20, 20)} {rng.randint(-20, 20)}", k, edges, test,
+                                wrong, lambda x: dict(zip("ab", map(int, x.split()))))
+    solve = lambda s: "YES" if eval(test, {}, dict(zip("ab", map(int, s.split())))) else "NO"  # noqa: E731
     return _problem("compare", (op, kind, t), f"Read two integers a and b on one line. Print YES if their {word} is "
                     f"{kind} {t}, otherwise NO.", solve, inputs, f'{read}print("YES" if {test} else "NO")\n',
                     _cpp("long long a, b;", "cin >> a >> b;", f'cout << ({test} ? "YES" : "NO") << endl;'),
@@ -261,7 +291,7 @@ def compare(rng: random.Random, k: int) -> Problem:
 
 def spelling(rng: random.Random, k: int) -> Problem:
     """strings + condition: a word -> YES if it has at least t letters, or the letter c occurs in it at least t
-    times. Slip: > for >=."""
+    times. Slip: > for >=. The tests reject another bound, another letter, and length for count (or the reverse)."""
     c, op, t = rng.choice("abcdefghijklmnopqrstuvwxy"), rng.choice(["length", "count"]), rng.randint(2, 5)
     what = f"it has at least {t} letters" if op == "length" else f"the letter {c} occurs in it at least {t} times"
     value = "len(s)" if op == "length" else f"s.count('{c}')"
@@ -270,7 +300,10 @@ def spelling(rng: random.Random, k: int) -> Problem:
 
     def word() -> str:
         return "".join(rng.choice(f"{c}{other}xyz") for _ in range(rng.randint(1, 12)))
-    inputs = [c * t, c * (t - 1) + other, c * (t + 1)] + [word() for _ in range(k)]
+    edges = [c * t, c * (t - 1) + (other if op == "count" else ""), c * (t - 1) + other * 3]
+    wrong = [f"{v} {cmp} {bound}" for v in ("len(s)", f"s.count('{c}')", f"s.count('{other}')")
+             for cmp in (">=", ">", "<=", "<") for bound in (t - 1, t, t + 1)]
+    inputs = edges + _rejecting(rng, word, k, edges, f"{value} >= {t}", wrong, lambda x: {"s": x})
     return _problem("spelling", (op, c, t) if op == "count" else (op, t),
                     f"Read a word s of lowercase letters. Print YES if {what}, otherwise NO.",
                     lambda s: "YES" if eval(value, {}, {"s": s}) >= t else "NO", inputs,

@@ -77,6 +77,33 @@ def test_rows_are_code_rows_that_the_scorer_judges(judge):
     assert {r["data_source"] for r in code_task_rows(60, 2, "test")} == {"code_task", NEW_FAMILIES_SOURCE}
 
 
+def test_yes_no_families_reject_programs_that_do_half_the_task():
+    """A held-out YES/NO family composes two skills; its tests must reject a program that has only one: the
+    condition on a alone or b alone or on another operation (compare), on another letter or on the length for
+    the count (spelling), or another bound. Random inputs alone mostly answer the same and let such programs
+    pass (a review found 15 of 49 held-out rows passing one); code_task._rejecting draws inputs against them."""
+    from minirl.toy.code_task import COMPARISONS, PAIR_OPS
+    for p in problems(40, 11, "test", {"compare": HELD_OUT_FAMILIES["compare"]}) + \
+            problems(40, 11, "test", {"spelling": HELD_OUT_FAMILIES["spelling"]}):
+        assert set(p.outputs[:6]) == {"YES", "NO"}, p.key
+        if p.family == "compare":
+            _, op, kind, t = p.key.replace("(", ",").rstrip(")").split(",")
+            cmp, t = COMPARISONS[kind.strip(" '")], int(t)
+            right = PAIR_OPS[op.strip(" '")][0]
+            values = ["a", "b"] + [e for e, _ in PAIR_OPS.values() if e != right]
+            wrong = [f"{v} {cmp} {t}" for v in values] + [f"{right} {cmp} {b}" for b in (t - 1, t + 1)]
+            names = [dict(zip("ab", map(int, x.split()))) for x in p.inputs[:6]]
+        else:
+            c = p.statement.split("letter ")[1][0] if "letter " in p.statement else "a"
+            t = int(p.statement.split("at least ")[1].split()[0])
+            right = "len(s)" if "letters," in p.statement else f"s.count('{c}')"
+            values = {"len(s)", f"s.count('{c}')", f"s.count('{chr(ord(c) + 1)}')"} - {right}
+            wrong = [f"{v} >= {t}" for v in values] + [f"{right} >= {b}" for b in (t - 1, t + 1)]
+            names = [{"s": x} for x in p.inputs[:6]]
+        for w in wrong:
+            assert any(("YES" if eval(w, {}, n) else "NO") != out for n, out in zip(names, p.outputs[:6])), (p.key, w)
+
+
 def test_the_one_shot_is_a_right_answer_to_a_problem_of_no_family(judge):
     """The solved problem before each row's (code_task.SHOT) must be solved right, in both languages, and must
     not be one of the task's problems (it would hand out a held-out answer)."""
