@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 
 from minirl.toy.cache import build_in_fixed_env, cached_model
-from minirl.toy.code_task import TRAIN_FAMILIES, Problem, problems, to_row
+from minirl.toy.code_families import TRAIN_FAMILIES, Problem
+from minirl.toy.code_task import problems, to_row
 from minirl.toy.tiny import build_model, build_tokenizer, save_built
 
 NAME = "tiny-code"
