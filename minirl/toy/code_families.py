@@ -3,12 +3,10 @@ that tell its reference program from a near miss. minirl/toy/code_task.py makes 
 
     p = loop(random.Random(0), k=3)   # a Problem: statement, example, inputs/outputs, python, cpp, slip
 
-Three kinds, by what a held-out score measures:
-- SKILL_FAMILIES, one skill each (arithmetic on the input, a pair of numbers, lists, conditions, loops,
+Two kinds, by what a held-out score measures:
+- TRAIN_FAMILIES, one skill each (arithmetic on the input, a pair of numbers, lists, conditions, loops,
   strings): trained, and their held-out parameters are the test split's "code_task" rows;
-- COMPOSED_FAMILIES, two skills each in the pairings no held-out family uses (grade: arithmetic + condition;
-  threshold: lists + condition): trained only, so that following both halves of a statement is rewarded;
-- HELD_OUT_FAMILIES, two skills each in new pairings (multiples: loop + condition; span: pair + loop; compare:
+- HELD_OUT_FAMILIES, two of those skills each (multiples: loop + condition; span: pair + loop; compare:
   pair + condition; spelling: strings + condition): never trained, the "code_task/new_families" rows.
 A family with a YES/NO answer draws its random inputs against programs that do half the task (`_rejecting`):
 random inputs mostly answer the same and would let them pass.
@@ -178,57 +176,6 @@ def _rejecting(rng: random.Random, draw, k: int, edges: list[str], right: str, w
 COMPARISONS = {"at least": ">=", "at most": "<="}
 
 
-# composed training families: two pairings of trained skills that no held-out family uses, so that training
-# rewards following both halves of a statement (compute a value, then compare it) and the held-out pairings test
-# whether that transfers. Without them seed 2 learned each skill alone and answered a held-out statement with
-# one half of it (the count, not the YES), 0 of 49 accepted (docs/benchmarks.md).
-def grade(rng: random.Random, k: int) -> Problem:
-    """arithmetic + condition: n -> YES if a*n + b (or a*n - b) is at least / at most t. Slip: > for >=, < for
-    <=. The tests reject comparing n itself, or the value with another bound."""
-    a, b, sign, kind = rng.randint(2, 9), rng.randint(1, 9), rng.choice("+-"), rng.choice(sorted(COMPARISONS))
-    value, cmp, n0 = f"{a} * n {sign} {b}", COMPARISONS[kind], rng.randint(1, 9)
-    t = eval(value, {}, {"n": n0})  # the bound is a value the expression takes, so > for >= shows at n0
-    test = f"{value} {cmp} {t}"
-    edges = [str(n0), str(n0 - 1 if kind == "at least" else n0 + 1), str(n0 + 1 if kind == "at least" else n0 - 1)]
-    wrong = [f"{v} {c} {bound}" for v in ("n", value) for c in (">=", ">", "<=", "<") for bound in (t - 1, t, t + 1)
-             if f"{v} {c} {bound}" != test]
-    inputs = edges + _rejecting(rng, lambda: str(rng.randint(-20, 30)), k, edges, test, wrong,
-                                lambda x: {"n": int(x)})
-    return _problem("grade", (a, sign, b, kind, t), f"Read an integer n. Print YES if {value} is {kind} {t}, "
-                    "otherwise NO.", lambda s: "YES" if eval(test, {}, {"n": int(s)}) else "NO", inputs,
-                    f'n = int(input())\nprint("YES" if {test} else "NO")\n',
-                    _cpp("long long n;", "cin >> n;", f'cout << ({test} ? "YES" : "NO") << endl;'),
-                    f'n = int(input())\nprint("YES" if {value} {cmp[0]} {t} else "NO")\n')
-
-
-def threshold(rng: random.Random, k: int) -> Problem:
-    """lists + condition: n, then n integers -> YES if their sum (or the largest) is at least / at most t. Slip:
-    > for >=, < for <=. The tests reject the first number alone, the count, another aggregate or bound."""
-    op, kind, t = rng.choice(["sum", "maximum"]), rng.choice(sorted(COMPARISONS)), rng.randint(2, 20)
-    value, cmp = {"sum": "sum(xs)", "maximum": "max(xs)"}[op], COMPARISONS[kind]
-    test = f"{value} {cmp} {t}"
-    what = {"sum": "the sum of the numbers", "maximum": "the largest number"}[op]
-
-    def at(v: int) -> str:  # a list whose value is v
-        return f"3\n{v - 1} 2 -1" if op == "sum" else f"3\n{v - 2} {v} -5"
-    past = t - 1 if kind == "at least" else t + 1
-    edges = [at(t), at(past), f"1\n{t}"]
-    wrong = [f"{v} {c} {bound}" for v in ("xs[0]", "len(xs)", "sum(xs)", "max(xs)", "min(xs)")
-             for c in (">=", ">", "<=", "<") for bound in (t - 1, t, t + 1) if f"{v} {c} {bound}" != test]
-    names = lambda x: {"xs": list(map(int, x.split()[1:]))}  # noqa: E731
-    inputs = edges + _rejecting(rng, lambda: (lambda n: f"{n}\n" + " ".join(str(rng.randint(-9, 20)) for _ in range(n)))(
-        rng.randint(1, 6)), k, edges, test, wrong, names)
-    cpp = {"sum": ("long long s = 0;", "for (long long x : xs) s += x;"),
-           "maximum": ("long long s = xs[0];", "for (long long x : xs) s = max(s, x);")}[op]
-    read = "n = int(input())\nxs = list(map(int, input().split()))\n"
-    return _problem("threshold", (op, kind, t), f"The first line holds n, the second n integers. Print YES if "
-                    f"{what} is {kind} {t}, otherwise NO.", lambda s: "YES" if eval(test, {}, names(s)) else "NO",
-                    inputs, f'{read}print("YES" if {test} else "NO")\n',
-                    _cpp("int n;", "cin >> n;", "vector<long long> xs(n);", "for (auto& x : xs) cin >> x;", *cpp,
-                         f'cout << (s {cmp} {t} ? "YES" : "NO") << endl;'),
-                    f'{read}print("YES" if {value} {cmp[0]} {t} else "NO")\n')
-
-
 # held-out families: each composes two training families, its statement joining their sentences and its program
 # their lines (what SCAN-style tests of compositional generalisation ask of a learner). No new skill is needed;
 # an earlier held-out `digits` family (walk the digits of a number) asked for one, and fell in every trained
@@ -316,7 +263,5 @@ def spelling(rng: random.Random, k: int) -> Problem:
                     f's = input().strip()\nprint("YES" if {value} > {t} else "NO")\n')
 
 
-SKILL_FAMILIES = {f.__name__: f for f in (arithmetic, pair, lists, condition, loop, strings)}
-COMPOSED_FAMILIES = {f.__name__: f for f in (grade, threshold)}  # trained only: the test split has none of them
-TRAIN_FAMILIES = {**SKILL_FAMILIES, **COMPOSED_FAMILIES}
+TRAIN_FAMILIES = {f.__name__: f for f in (arithmetic, pair, lists, condition, loop, strings)}
 HELD_OUT_FAMILIES = {f.__name__: f for f in (multiples, span, compare, spelling)}

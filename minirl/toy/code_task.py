@@ -11,13 +11,11 @@ two apart, then random inputs.
 tests/toy/test_code_task.py judges both for every family: the reference passes, the near miss does not.
 
 Splits, so that a held-out score measures more than recall of paraphrases:
-- train: the TRAIN_FAMILIES, with the parameter tuples whose hash is not 0 mod 4: the 6 SKILL_FAMILIES and 2
-  COMPOSED_FAMILIES (grade: arithmetic + condition; threshold: lists + condition), so that composing is trained;
-- test: the skill families with the held-out quarter of the parameter tuples (data_source "code_task"), and
+- train: the 6 TRAIN_FAMILIES, with the parameter tuples whose hash is not 0 mod 4;
+- test: the same families with the held-out quarter of the parameter tuples (data_source "code_task"), and
   the HELD_OUT_FAMILIES, never seen in training (data_source "code_task/new_families"), each composing two
-  skill families in a pairing no training family uses (multiples: loop + condition; span: pair + loop;
-  compare: pair + condition; spelling: strings + condition), so that they measure transfer to new
-  combinations of trained skills.
+  training families (multiples: loop + condition; span: pair + loop; compare: pair + condition; spelling:
+  strings + condition), so that they measure transfer to new combinations of trained skills.
 validate() reports each data_source: `val/test_score/code_task` and `val/test_score/code_task/new_families`.
 
 The rows are those scripts/prepare_codecontests.py writes (same prompt instruction, same ground truth keys:
@@ -32,7 +30,7 @@ import json
 import random
 import zlib
 
-from minirl.toy.code_families import HELD_OUT_FAMILIES, SKILL_FAMILIES, TRAIN_FAMILIES, Problem
+from minirl.toy.code_families import HELD_OUT_FAMILIES, TRAIN_FAMILIES, Problem
 
 CODE_DATA_SOURCE = "code_task"                   # train rows, and held-out rows with new parameters
 NEW_FAMILIES_SOURCE = "code_task/new_families"   # held-out rows of families never trained on
@@ -79,12 +77,12 @@ def held_out(key: str) -> bool:
 
 
 def problems(n: int, seed: int, split: str, families: dict | None = None, num_tests: int = 6) -> list[Problem]:
-    """`n` distinct problems of the split, the families taken in turn (train: TRAIN_FAMILIES; test:
-    SKILL_FAMILIES and HELD_OUT_FAMILIES). A family's parameter space is small: when it runs out, the others fill in."""
+    """`n` distinct problems of the split, the families taken in turn (train: TRAIN_FAMILIES; test: those and
+    HELD_OUT_FAMILIES). A family's parameter space is small: when it runs out, the others fill in."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     if families is None:
-        families = TRAIN_FAMILIES if split == "train" else {**SKILL_FAMILIES, **HELD_OUT_FAMILIES}
+        families = TRAIN_FAMILIES if split == "train" else {**TRAIN_FAMILIES, **HELD_OUT_FAMILIES}
     rng, out, seen = random.Random(seed), [], set()
     extra = max(num_tests - 3, 0)  # random inputs after the 3 edge cases
     makers, turn = list(families.values()), 0
