@@ -8,8 +8,8 @@ Two kinds, by what a held-out score measures:
   strings): trained, and their held-out parameters are the test split's "code_task" rows;
 - HELD_OUT_FAMILIES, two of those skills each (multiples: loop + condition; span: pair + loop; compare:
   pair + condition; spelling: strings + condition): never trained, the "code_task/new_families" rows.
-A family with a YES/NO answer draws its random inputs against programs that do half the task (`_rejecting`):
-random inputs mostly answer the same and would let them pass.
+A held-out family with a YES/NO answer draws its random inputs against programs that do half the task
+(`_rejecting`): random inputs mostly answer the same and would let them pass.
 """
 from __future__ import annotations
 
