@@ -9,6 +9,7 @@ minirl/judge/sandbox.py runs programs as these uids in these folders.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import functools
 import grp
@@ -126,7 +127,13 @@ def remove_tree(path: Path) -> None:
     except FileNotFoundError:
         return
     except OSError as e:
-        log.warning("cannot remove %s: %s", path, e)
+        if e.errno not in (errno.ENOTDIR, errno.ELOOP):  # a file or a link where a folder was: remove it as it is
+            log.warning("cannot remove %s: %s", path, e)
+            return
+        try:
+            os.unlink(path)
+        except OSError as e:
+            log.warning("cannot remove %s: %s", path, e)
         return
     names: list[str] = []                       # the way down from `path` to the folder `fd` is open on
     try:

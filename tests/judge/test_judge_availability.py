@@ -49,6 +49,19 @@ def test_remove_tree_is_iterative_and_never_raises(tmp_path):
     remove_tree(tmp_path / "missing")  # nothing to do, no error
 
 
+def test_remove_tree_removes_a_file_or_a_link_where_a_folder_was(tmp_path):
+    # an orphan `cc-<pid>-x.err` left as a file (seen in a fresh machine's cache) is removed, not warned about;
+    # a link is removed itself, never followed
+    (tmp_path / "f").write_text("x")
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "inside").write_text("y")
+    (tmp_path / "link").symlink_to(keep)
+    remove_tree(tmp_path / "f")
+    remove_tree(tmp_path / "link")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep"] and (keep / "inside").exists()
+
+
 @pytest.mark.parametrize("src", ["x = " + "-" * 100000 + "1", "a" + ".b" * 200000], ids=["MemoryError", "RecursionError"])
 def test_a_pathological_python_source_is_a_verdict(judge, src):
     res = judge.run(src, "python", AB)
