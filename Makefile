@@ -32,7 +32,7 @@ SEED ?= 0
 smollm2: setup
 	HF_HUB_OFFLINE=1 $(call threads,2) $(PY) train.py --config recipes/smollm2_cpu.yaml --seed $(SEED) --output_dir runs/smollm2_cpu_seed$(SEED)
 
-# SmolLM2-135M-Instruct learning the built-in code task through GRPO and the sandboxed judge on CPU (~25 min a run
+# SmolLM2-135M-Instruct learning the built-in code task through GRPO and the sandboxed judge on CPU (~14-26 min a run
 # on 2 free cores: docs/benchmarks.md); SEED=1 for another seed
 code: setup
 	HF_HUB_OFFLINE=1 $(call threads,2) $(PY) train.py --config recipes/code_cpu.yaml --seed $(SEED) --output_dir runs/code_cpu_seed$(SEED)
