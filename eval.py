@@ -92,9 +92,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     reward_fn = load_reward_fn(args.reward_fn) if args.reward_fn else None  # a bad spec fails before loading
     path = resolve_model_path(args.model)
     out = Path(args.output or Path(path) / "eval")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # device-branch: eval/device
     tokenizer = load_tokenizer(path)
-    model = load_model(path, pick_dtype("auto", device), pick_attn_implementation("auto")).to(device).eval()
+    dtype = pick_dtype("auto", device)
+    model = load_model(path, dtype, pick_attn_implementation("auto", dtype)).to(device).eval()
     rows = load_rows(args.data, split="test", limit=args.limit)
     judge = None
     if any(is_code(r) for r in rows) and reward_fn is None:  # the sandboxed judge, only for code problems

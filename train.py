@@ -28,6 +28,7 @@ Metrics go to <output_dir>/metrics.jsonl with verl's names; the final model is s
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import json
 import math
@@ -37,15 +38,16 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import InitProcessGroupKwargs
 from tqdm import tqdm
 
 from minirl import checkpoint
 from minirl.cli import exit_on_user_error
-from minirl.config import Config, parse_config
+from minirl.config import Config, check_launcher, parse_config
 from minirl.critic import critic_forward_backward, critic_values, load_critic
-from minirl.data import drop_long_prompts, load_rows
+from minirl.data import drop_long_prompts, load_rows, prompt_text
 from minirl.distributed import (broadcast_parameters, gather_rows, gathered, global_counts, global_max,
-                                global_mean, global_sum, shard, shutdown, sum_gradients_across_processes,
+                                global_mean, global_sum, shard_and_load, shutdown, sum_gradients_across_processes,
                                 sum_over_processes)
 from minirl.engines.vllm_engine import engine_for
 from minirl.evaluate import evaluate
@@ -54,7 +56,8 @@ from minirl.logprobs import batched_logprobs
 from minirl.models import (adapter_disabled, autocast, build_policy, config_dtype, load_reference,
                            load_tokenizer, pick_attn_implementation, pick_dtype, resolve_model_path)
 from minirl.rewards import Scorer, build_scorer, is_code, reward_kind
-from minirl.rollout import Rollout
+from minirl.rollout import Rollout, sample
+from minirl.samples import write_samples
 from minirl.sampling import sample_and_score, timed, train_batch
 from minirl.update import (LossSettings, compute_advantages, forward_backward, mini_batches, optim_step,
                            warmup_constant_schedule)
@@ -71,6 +74,7 @@ def validate(model, tokenizer, rows: list[dict], scorer: Scorer, cfg: Config, ra
         records = evaluate(model, tokenizer, rows[rank::world], n=1 if cfg.val_greedy else cfg.group_size,
                            greedy=cfg.val_greedy, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                            scorer=scorer, seed=cfg.seed)
+    records = [r for r in records if r.get("verdict") != "JE"]  # judge errors: not scored (nor counted as rows)
     sources = sorted({r["data_source"] for r in rows})
     code = {r["data_source"] for r in rows if is_code(r)} if scorer.judges_code else set()
     sums = torch.tensor([[sum(r["reward"] for r in records if r["data_source"] == s),
@@ -107,13 +111,24 @@ def mini_batch_steps(model, optimizer, scheduler, batch: dict[str, torch.Tensor]
             lr = optimizer.param_groups[0]["lr"]  # the rate this optimizer step uses
             num_tokens, num_seqs = global_counts(mb["response_mask"])  # the loss's normalisers
             with autocast(device, dtype):
-                row = sum_over_processes(step_fn(mb, num_tokens=num_tokens, num_seqs=num_seqs,
-                                                 micro_batch_size=micro_batch_size))
+                row = step_fn(mb, num_tokens=num_tokens, num_seqs=num_seqs, micro_batch_size=micro_batch_size)
+            # shares of step totals are summed over processes; "_max" metrics (rollout_corr/) are maxima
+            row = {**sum_over_processes({k: v for k, v in row.items() if not k.endswith("_max")}),
+                   **{k: global_max(v) for k, v in row.items() if k.endswith("_max")}}
             sum_gradients_across_processes(model)
             rows.append({**row, "grad_norm": optim_step(model, optimizer, scheduler if last else None,
                                                                      cfg.max_grad_norm),
                          "lr": lr})
-    return {f"{prefix}/{k}": rows[-1][k] if k == "lr" else sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+    over_steps = lambda k: rows[-1][k] if k == "lr" else max(r[k] for r in rows) if k.endswith("_max") \
+        else sum(r[k] for r in rows) / len(rows)  # noqa: E731
+    # a metric with its own namespace (verl's rollout_corr/) keeps it
+    return {k if "/" in k else f"{prefix}/{k}": over_steps(k) for k in rows[0]}
+
+
+def per_sequence(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Each sequence's advantage (N,): GRPO's, or PPO's token advantages averaged over its response."""
+    adv, mask = batch["advantages"], batch["response_mask"]
+    return adv if adv.dim() == 1 else (adv * mask).sum(1) / mask.sum(1).clamp(min=1)
 
 
 def step_metrics(step: int, rollout: Rollout, rewards: torch.Tensor, batch: dict[str, torch.Tensor],
@@ -124,13 +139,12 @@ def step_metrics(step: int, rollout: Rollout, rewards: torch.Tensor, batch: dict
     def stats(name: str, x: torch.Tensor) -> dict[str, float]:
         x = x.float() if x.numel() else torch.full((1,), float("nan"))
         return {f"{name}/mean": float(x.mean()), f"{name}/max": float(x.max()), f"{name}/min": float(x.min())}
-    mask, adv = batch["response_mask"], batch["advantages"]
-    adv_seq = adv if adv.dim() == 1 else (adv * mask).sum(1) / mask.sum(1).clamp(min=1)  # PPO: per sequence
+    mask, adv_seq = batch["response_mask"], per_sequence(batch)
     lengths = rollout.response_mask.sum(1).to(mask.device).float()  # 0 only for padding groups
     g_rewards, g_adv, g_len, g_trunc = gather_rows(rewards.to(mask.device), adv_seq, lengths,
                                                    rollout.truncated.to(mask.device).float())
     real = g_len > 0
-    m = {"training/global_step": step, **stats("critic/reward", g_rewards[real]),
+    m = {"training/global_step": step, **stats("critic/reward", g_rewards[real & ~g_rewards.isnan()]),
          **stats("critic/advantages", g_adv[real]), **stats("response_length", g_len[real]),
          "response_length/clip_ratio": float(g_trunc[real].mean()) if real.any() else float("nan")}
     if entropy is not None:  # of the sampling policy, per response token (on-policy: the update reports it)
@@ -139,21 +153,33 @@ def step_metrics(step: int, rollout: Rollout, rewards: torch.Tensor, batch: dict
         m.update(part)
     timing = {**timing, "update": timing.get("update_actor", 0.0) + timing.get("update_critic", 0.0)}
     m.update({f"timing_s/{k}": v for k, v in timing.items()})
-    if mask.device.type == "cuda":  # verl's perf/ names; this process's peak since the start
-        m["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(mask.device) / 2**30
-    return m
+    return {**m, **peak_memory(mask.device)}
+
+
+def peak_memory(device: torch.device) -> dict[str, float]:
+    """verl's perf/ name for this process's peak GPU memory since the start; nothing on CPU."""
+    if device.type != "cuda":  # device-branch: train/peak-memory
+        return {}
+    return {"perf/max_memory_allocated_gb": torch.cuda.max_memory_allocated(device) / 2**30}
 
 
 def main(argv: list[str] | None = None) -> dict:
     cfg = parse_config(argv)
     scorer = build_scorer(cfg)  # a missing --reward_fn file or function fails here, before any model is loaded
     trackers = [t.strip() for t in cfg.report_to.split(",") if t.strip()]
+    # device-branch: train/launcher
+    launcher_notes = check_launcher(cfg, os.environ, torch.cuda.is_available())  # accelerate's config, honoured
+    # device-branch: train/cpu-processes
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
         # under torchrun on CPU, accelerate otherwise runs every process as an independent world of one
         os.environ.setdefault("ACCELERATE_USE_CPU", "1")
-    accelerator = Accelerator(log_with=trackers or None, project_dir=cfg.output_dir)
+    # collectives wait up to dist_timeout_s (a big checkpoint or a slow first step must not trip NCCL's 600 s)
+    timeout = InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=cfg.dist_timeout_s))
+    accelerator = Accelerator(log_with=trackers or None, project_dir=cfg.output_dir, kwargs_handlers=[timeout])
     rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
     out_dir, is_main = Path(cfg.output_dir), accelerator.is_main_process
+    for note in launcher_notes:
+        accelerator.print(note)
     if is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         # not config.json: that name belongs to the model that save_pretrained writes here
@@ -163,23 +189,23 @@ def main(argv: list[str] | None = None) -> dict:
     with accelerator.main_process_first():  # the first process builds the toy model if needed
         path = resolve_model_path(cfg.model_name_or_path)
     # precision (models.build_policy says why): fp32 trained weights, compute in `dtype`, saved in the config's
-    dtype, attn = pick_dtype(cfg.dtype, device), pick_attn_implementation(cfg.attn_implementation)
+    dtype = pick_dtype(cfg.dtype, device)
+    attn = pick_attn_implementation(cfg.attn_implementation, dtype)  # flash-attn computes in fp16/bf16 only
     save_dtype = config_dtype(path) if cfg.save_dtype == "auto" else getattr(torch, cfg.save_dtype)
     tokenizer = load_tokenizer(path)
     lora = dict(rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
                 target_modules=cfg.lora_target_modules) if cfg.lora_rank > 0 else None
+    # fsdp: built on the meta device, sharded, then filled from the files that process 0 reads: no process holds
+    # the whole model (one process: the same path, nothing to shard); before the optimizer, which holds shards
+    place = functools.partial(shard_and_load, device=device, compute_dtype=dtype) if cfg.fsdp else None
     policy = build_policy(path, device, dtype, attn, lora, cfg.gradient_checkpointing, cfg.load_in_bits,
-                          cfg.seed, keep_dropout=cfg.keep_dropout)
+                          cfg.seed, keep_dropout=cfg.keep_dropout, place=place)
     if lora:
         broadcast_parameters(p for p in policy.parameters() if p.requires_grad)  # the same adapter everywhere
-    if cfg.fsdp and world > 1:
-        shard(policy, dtype)  # before the optimizer exists: it must hold the sharded parameters
-    elif cfg.fsdp:
-        accelerator.print("fsdp: one process, nothing to shard")
     policy.train()
     torch.manual_seed(cfg.seed * 1000 + rank)  # from here on, different samples on each process
     # the KL reference: a frozen copy, or with LoRA the policy with its adapter switched off (no second copy)
-    ref_model = load_reference(path, dtype, attn, device) if cfg.kl_coef > 0 and cfg.lora_rank == 0 else None
+    ref_model = load_reference(path, dtype, attn, device, place) if cfg.kl_coef > 0 and cfg.lora_rank == 0 else None
     critic = load_critic(resolve_model_path(cfg.critic_model_path or path), torch.float32, attn,
                          cfg.gradient_checkpointing, device, cfg.keep_dropout).train() \
         if cfg.algorithm == "ppo" else None
@@ -207,17 +233,18 @@ def main(argv: list[str] | None = None) -> dict:
         accelerator.init_trackers("minirl", config=vars(cfg))
     start_step, position = checkpoint.resume(accelerator, cfg, policy, optimizer, scheduler, critic,
                                              critic_optimizer)
-    metrics_file = out_dir / "metrics.jsonl"
+    metrics_file, samples_file = out_dir / "metrics.jsonl", out_dir / "samples.jsonl"
     if start_step == 0:
         if is_main:
             metrics_file.unlink(missing_ok=True)  # a fresh run starts a fresh log
+            samples_file.unlink(missing_ok=True)
         with autocast(device, dtype):
             before = validate(policy, tokenizer, val_rows, scorer, cfg, rank, world) if val_rows else {}
         if is_main and before:
             with metrics_file.open("a") as f:
                 f.write(json.dumps({"training/global_step": 0, **before}) + "\n")
     else:  # the validation before training is row 0 of the log
-        first = json.loads(metrics_file.open().readline() or "{}")
+        first = json.loads(metrics_file.open().readline() or "{}") if metrics_file.exists() else {}  # node-local
         before = {k: v for k, v in first.items() if k.startswith("val/")}
     accelerator.print(f"held-out accuracy before RL: {before}")
 
@@ -225,13 +252,14 @@ def main(argv: list[str] | None = None) -> dict:
     bar = tqdm(range(start_step, cfg.max_steps), desc="train", initial=start_step, total=cfg.max_steps,
                disable=not is_main, dynamic_ncols=True)
     for step in range(start_step + 1, cfg.max_steps + 1):  # position: prompts consumed by all processes
-        timing, entropy, val = {}, None, {}
+        timing, entropy, val, details = {}, None, {}, []
         with timed("step", timing):
             with autocast(device, dtype):  # gen, reward
                 rollout, rows, rewards, position, m_batch = sample_and_score(
                     policy, tokenizer, train_rows, scorer, cfg, position, rank, world, timing,
-                    None if cfg.rollout_engine == "hf" else engine_for(cfg).sample)  # vLLM: minirl/engines
-            batch = train_batch(rollout, cfg.mask_truncated, device)
+                    functools.partial(sample, kv_budget_gb=cfg.rollout_kv_budget_gb) if cfg.rollout_engine == "hf"
+                    else engine_for(cfg).sample, details)  # vLLM: minirl/engines
+            batch = train_batch(rollout, cfg.mask_truncated, device, rewards)  # judge errors: no loss
             seqs = (batch["input_ids"], batch["attention_mask"], rollout.response_ids.shape[1])  # ids, mask, R
             # micro-batch size from a token budget over the widest process's batch, so all run as many passes
             mbs = max(1, int(cfg.micro_batch_tokens // global_max(seqs[0].shape[1]))) \
@@ -262,6 +290,11 @@ def main(argv: list[str] | None = None) -> dict:
                 with timed("testing", timing), autocast(device, dtype):
                     val = validate(policy, tokenizer, val_rows, scorer, cfg, rank, world)
         m = step_metrics(step, rollout, rewards, batch, entropy, timing, m_batch, m_adv, m_update, val)
+        if is_main and cfg.log_sample_groups:  # a few groups to read (scripts/read_samples.py)
+            shown = rows[:cfg.log_sample_groups]
+            write_samples(samples_file, step, shown, [prompt_text(r, tokenizer) for r in shown], rollout.texts,
+                          details, rewards.tolist(), per_sequence(batch).tolist(), cfg.group_size,
+                          cfg.log_sample_groups)
         if is_main:
             with metrics_file.open("a") as f:
                 f.write(json.dumps(m) + "\n")

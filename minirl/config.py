@@ -25,7 +25,7 @@ class Config:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # the final model's dtype; auto: as its config says
     save_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    # auto: flash-attn if importable, else sdpa
+    # auto: flash-attn where it is installed, on CUDA, with dtype bfloat16/float16 (it takes no fp32); else sdpa
     attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = "auto"
     gradient_checkpointing: bool = False  # recompute activations in backward (generation keeps the KV cache)
     fsdp: bool = False                    # shard the policy with FSDP2 across processes (full fine-tuning)
@@ -55,6 +55,8 @@ class Config:
                                           # judge servers over HTTP, or a Ray cluster (docs/judge_backends.md)
     judge_urls: str = ""                  # remote: comma-separated http(s):// servers (minirl's or SandboxFusion);
                                           # ray: the cluster's address ("" = join the one `ray start` made, or start one)
+    max_judge_error_share: float = 0.1    # stop the run when more than this share of a step's programs got a judge
+                                          # error (JE: a dead server, a crashed worker); below it they leave the loss
     # --- rollout -------------------------------------------------------------------------------------------
     prompts_per_step: int = 16            # B: prompts per training step (per process)
     group_size: int = 8                   # G: completions sampled per prompt; GRPO compares within a group
@@ -66,6 +68,13 @@ class Config:
                                           # process fed the weights after every step (docs/rollout.md, `make vllm`)
     vllm_python: str = ".venv-vllm/bin/python"  # the interpreter of vLLM's own environment (it starts the server)
     vllm_url: str = ""                    # an already running minirl vLLM server (http://127.0.0.1:PORT); "" = start one
+    rollout_kv_budget_gb: float = 0.0     # hf engine: the groups decode in chunks whose key/value cache fits this many
+                                          # GB (prompt + max_new_tokens a row); 0 = 60% of the GPU's free memory, on
+                                          # CPU one chunk (rollout.chunk_groups); the tokens are one batch's either way
+    rollout_is_cap: float = 0.0           # > 0: weight each token's policy loss by min(pi_old / pi_sampler, cap), the
+                                          # truncated importance sampling of Yao et al. 2025 (verl's rollout_is; 2.0
+                                          # typical) for a sampler whose numerics differ (bf16); 0 = off. The mismatch
+                                          # is logged either way (rollout_corr/*; hf engine only: loss.sampler_mismatch)
     # --- algorithm -----------------------------------------------------------------------------------------
     algorithm: Literal["grpo", "ppo"] = "grpo"  # grpo: critic-free, advantages from the group; ppo: critic + GAE
     adv_estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"  # see loss.group_advantages
@@ -74,8 +83,9 @@ class Config:
     policy_loss: Literal["ppo", "cispo", "importance_sampling"] = "ppo"  # see loss.policy_loss
     clip_low: float = 0.2                 # ratio clipped to [1-clip_low, 1+clip_high] (Schulman et al. 2017)
     clip_high: float = 0.2                # DAPO's clip-higher uses 0.28 (Yu et al. 2025)
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                           "seq-mean-token-sum-norm"] = "token-mean"  # see loss.aggregate
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+                           "seq-sum-token-sum-norm"] = "token-mean"  # see loss.aggregate; Dr. GRPO:
+                                          # seq-mean-token-sum-norm; verl's batch-summed one: seq-sum-token-sum-norm
     dual_clip: float = 0.0                # PPO dual-clip constant c (Ye et al. 2020; verl uses 3.0); 0 = off
     kl_coef: float = 0.0                  # weight of the KL-to-reference term; 0 = no reference model at all
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"  # Schulman's estimators, see loss.kl_penalty
@@ -113,7 +123,11 @@ class Config:
     report_to: str = ""                   # extra trackers (accelerate): tensorboard, mlflow, wandb, comma-separated
     save_every: int = 0                   # checkpoint every N steps (0 = only at the end); see checkpoint.py
     keep_last: int = 2                    # complete checkpoints kept
+    log_sample_groups: int = 2            # groups of each step (the first process's) written to
+                                          # <output_dir>/samples.jsonl: prompt, completions, verdict or answer,
+                                          # reward, advantage (scripts/read_samples.py); 0 = none
     resume: str = ""                      # "auto": newest checkpoint in output_dir; or a checkpoint folder
+    dist_timeout_s: int = 1800            # how long a collective waits for the slowest process (a big save)
 
 
 class ConfigError(ValueError):
@@ -211,15 +225,19 @@ def check(cfg: Config) -> None:
     if cfg.dtype == "float16":
         raise ConfigError("config key 'dtype': float16 needs loss scaling, which minirl does not do (small "
                           "gradients underflow to 0); use bfloat16 (A100, H100, recent CPUs) or float32 (V100, T4)")
+    if cfg.dist_timeout_s < 1:
+        raise ConfigError(f"config key 'dist_timeout_s' must be >= 1 (seconds), got {cfg.dist_timeout_s}")
     for key in ["max_steps", "val_max_samples", "val_every", "save_every", "keep_last", "warmup_steps",
-                "micro_batch_tokens", "judge_workers"]:  # counts: 0 means "off" or "all", negative means nothing
+                "micro_batch_tokens", "judge_workers", "log_sample_groups"]:  # counts: 0 means "off" or "all", negative means nothing
         if getattr(cfg, key) < 0:
             raise ConfigError(f"config key '{key}' must be >= 0, got {getattr(cfg, key)}")
     for key in ["lr", "kl_coef", "clip_low", "clip_high", "max_grad_norm", "adv_eps", "weight_decay", "critic_lr",
-                "value_clip", "overlong_buffer", "overlong_penalty"]:
+                "value_clip", "overlong_buffer", "overlong_penalty", "rollout_kv_budget_gb", "rollout_is_cap"]:
         if getattr(cfg, key) < 0:
             raise ConfigError(f"config key '{key}' must be >= 0, got {getattr(cfg, key)}")
     _validate_judge(cfg)
+    if not 0 <= cfg.max_judge_error_share <= 1:
+        raise ConfigError(f"config key 'max_judge_error_share' must be in [0, 1], got {cfg.max_judge_error_share}")
     if cfg.kl_in_reward and cfg.kl_coef <= 0:
         raise ConfigError("config key 'kl_in_reward' needs 'kl_coef' > 0 (the weight of the KL folded into the "
                           "rewards); set kl_coef, or kl_in_reward: false")
@@ -227,6 +245,9 @@ def check(cfg: Config) -> None:
         raise ConfigError("config keys 'temperature' must be > 0 and 'top_p' in (0, 1]")
     if cfg.algorithm == "grpo" and cfg.adv_estimator in ("grpo", "rloo") and cfg.group_size < 2:
         raise ConfigError(f"config key 'group_size' must be >= 2 for adv_estimator={cfg.adv_estimator!r}")
+    if cfg.rollout_engine == "vllm" and cfg.rollout_is_cap > 0:
+        raise ConfigError("config key 'rollout_is_cap' needs the sampler's own log-probs, which the vLLM engine does "
+                          "not return yet; use rollout_engine: hf, or rollout_is_cap: 0")
     if cfg.rollout_engine == "vllm" and cfg.fsdp:
         raise ConfigError("config key 'rollout_engine': vllm takes full weights from one process; with fsdp use "
                           "rollout_engine: hf (or plain data parallelism)")
@@ -255,14 +276,116 @@ def _validate_judge(cfg: Config) -> None:
                           "leave judge_urls empty")
 
 
+def check_launcher(cfg: Config, env: typing.Mapping[str, str], on_gpu: bool) -> list[str]:
+    """Honour or refuse what `accelerate launch` asked for. minirl never calls `accelerator.prepare()`: it shards
+    with its own FSDP2 (`--fsdp true`) and computes in `--dtype` under its own autocast, so accelerate's plugins
+    would otherwise be silently ignored (an FSDP config without --fsdp true would run replicated data parallel
+    and run out of memory at 7B). `accelerate launch` passes its config to the processes as ACCELERATE_*
+    variables (accelerate/utils/launch.py); each is checked here, before any model is loaded. Returns notes to
+    print for settings that minirl applies in its own way."""
+    def on(name: str) -> bool:
+        return env.get(name, "false").strip().lower() in ("1", "true", "yes")
+    notes = []
+    if on("ACCELERATE_USE_DEEPSPEED"):
+        raise ConfigError("the accelerate config asks for DeepSpeed, which minirl does not use; set "
+                          "distributed_type: MULTI_GPU in it and pass --fsdp true (minirl shards with FSDP2)")
+    for name, what in [("ACCELERATE_USE_MEGATRON_LM", "Megatron-LM"),
+                       ("ACCELERATE_USE_PARALLELISM_CONFIG", "tensor/context parallelism")]:
+        if on(name):
+            raise ConfigError(f"the accelerate config asks for {what}, which minirl does not do; use "
+                              "distributed_type: MULTI_GPU and --fsdp true")
+    if on("ACCELERATE_USE_FSDP"):
+        if not cfg.fsdp:
+            raise ConfigError("the accelerate config asks for FSDP, but minirl shards only with --fsdp true (its own "
+                              "FSDP2; accelerate's plugin is not used): pass --fsdp true, and set "
+                              "distributed_type: MULTI_GPU in the accelerate config (scripts/accelerate/)")
+        notes.append("accelerate: FSDP is minirl's own FSDP2 (--fsdp true); the fsdp_* settings of the accelerate "
+                     "config (sharding strategy, offload, wrap policy) are not read")
+    mixed = env.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
+    dtype = {"auto": "bfloat16" if on_gpu else "float32"}.get(cfg.dtype, cfg.dtype)
+    if mixed in ("fp16", "fp8"):
+        raise ConfigError(f"the accelerate config asks for mixed_precision: {mixed}, which minirl does not do "
+                          "(no loss scaling, no fp8 kernels); set mixed_precision: 'no' and choose --dtype "
+                          "bfloat16 (or float32)")
+    if mixed == "bf16" and dtype != "bfloat16":
+        raise ConfigError(f"the accelerate config asks for mixed_precision: bf16, but --dtype {cfg.dtype} computes in "
+                          f"{dtype}; pass --dtype bfloat16 (minirl's own autocast), or set mixed_precision: 'no'")
+    if mixed not in ("no", "bf16", ""):
+        raise ConfigError(f"the accelerate config's mixed_precision: {mixed} is not one minirl knows; set 'no' and "
+                          "choose --dtype")
+    if env.get("ACCELERATE_DYNAMO_BACKEND", "NO").strip().upper() not in ("NO", ""):
+        raise ConfigError("the accelerate config asks for torch.compile (dynamo_backend: "
+                          f"{env['ACCELERATE_DYNAMO_BACKEND']}), which minirl does not apply; set dynamo_backend: 'NO'")
+    return notes
+
+
+def key_comments() -> list[tuple[str, str | None, str]]:
+    """(section, key, comment) in the order of Config's source: each key's comment read from this file (comment
+    lines above a key, its comment on the key's line, and the comment lines indented under that one), so --help
+    can never drift from the documentation. A section banner ("# --- model ---") is (section, None, "")."""
+    import inspect
+    import io
+    import tokenize
+    lines = inspect.getsource(Config).splitlines(keepends=True)
+    comments: dict[int, tuple[int, str]] = {}  # line -> (column, text) of its comment
+    code: set[int] = set()                     # lines with code on them
+    for tok in tokenize.generate_tokens(io.StringIO("".join(lines)).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = (tok.start[1], tok.string.lstrip("#").strip())
+        elif tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER):
+            code.update(range(tok.start[0], tok.end[0] + 1))
+    names = {f.name for f in dataclasses.fields(Config)}
+    out: list[tuple[str, str | None, str]] = []
+    section, above, last, indent = "", [], None, 4
+    for n, line in enumerate(lines, 1):
+        key = line.split(":")[0].strip()
+        if n in code and key in names:
+            text = above + ([comments[n][1]] if n in comments else [])
+            out.append((section, key, " ".join(text)))
+            above, last, indent = [], len(out) - 1, len(line) - len(line.lstrip())
+        elif n in comments and n in code and last is not None:  # a key's type or default spans lines
+            s, k, c = out[last]
+            out[last] = (s, k, f"{c} {comments[n][1]}".strip())
+        elif n in comments and n not in code:
+            col, text = comments[n]
+            if text.startswith("---"):
+                section, above, last = text.strip("- "), [], None
+                out.append((section, None, ""))
+            elif last is not None and col > indent:      # indented under the key's comment: more of it
+                s, k, c = out[last]
+                out[last] = (s, k, f"{c} {text}".strip())
+            else:                                        # on its own line above the next key
+                above.append(text)
+                last = None
+        elif n not in code:
+            last = None
+    return out
+
+
+def help_text() -> str:
+    """What `python train.py --help` prints: this module's docstring, then every key by section with its type,
+    default and comment."""
+    import textwrap
+    types, defaults = _field_types(), {f.name: f.default for f in dataclasses.fields(Config)}
+    out = [__doc__.strip(), ""]
+    for section, key, comment in key_comments():
+        if key is None:
+            out.append(f"\n{section}:")
+            continue
+        typ = types[key]
+        kind = "|".join(map(str, typing.get_args(typ))) if typing.get_origin(typ) is Literal else typ.__name__
+        out.append(f"  --{key} {kind} (default: {defaults[key]!r})")
+        if comment:
+            out += textwrap.wrap(comment, 108, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(out)
+
+
 def parse_config(argv: list[str] | None = None) -> Config:
     """Defaults <- `--config file.yaml` <- `--key value` pairs (later wins)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = Config()
     if argv and argv[0] in ("-h", "--help"):
-        print(__doc__)
-        for f in dataclasses.fields(Config):
-            print(f"  --{f.name} {f.default!r}")
+        print(help_text())
         raise SystemExit(0)
     pairs: dict[str, str] = {}
     config_file = None

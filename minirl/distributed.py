@@ -118,6 +118,15 @@ def _all_reduce_cpu(t: torch.Tensor, op) -> torch.Tensor:
     return on_device.cpu()
 
 
+def broadcast_object(obj):
+    """Process 0's value of a picklable object, on every process (e.g. the checkpoint it chose to resume)."""
+    if world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def broadcast_parameters(params) -> None:
     """Copy the first process's values into every process's parameters (e.g. a freshly initialised adapter)."""
     if world_size() > 1:
@@ -205,16 +214,80 @@ def full_state_dict(model) -> dict | None:
     return get_model_state_dict(_root(model), options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def full_optimizer_state(model, optimizer) -> dict | None:
-    if not is_sharded(model):
-        return None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-    return get_optimizer_state_dict(_root(model), optimizer,
-                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+# --- loading once, sharded checkpoints ---------------------------------------------------------------------
+
+LOAD_CHUNK_BYTES = 1 << 30  # process 0 reads the model files at most this many bytes at a time
+
+
+def shard_and_load(model, path: str, device: torch.device, compute_dtype: torch.dtype = torch.float32,
+                   chunk_bytes: int = LOAD_CHUNK_BYTES) -> None:
+    """Give a model built on the meta device (models.empty_model) its weights, never holding the whole model on
+    any process: shard it (several processes), allocate each process's shard on `device`, then process 0 reads
+    the files a chunk at a time and `set_model_state_dict(broadcast_from_rank0=True)` sends each tensor to
+    every process, which keeps its shard. Peak memory: process 0 one chunk (host) plus its shard, the others
+    their shard plus the tensor in flight. One process is the same path: nothing to shard or broadcast. The
+    files must be readable by process 0 only.
+
+    The meta model's buffers (rotary frequencies, not in the files) were built for real and are put back after
+    allocation; parameters are swapped in place so that tied weights (lm_head = embeddings) stay one tensor."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    from minirl.models.weights import file_chunks, read_chunk
+    if world_size() > 1:
+        shard(model, compute_dtype)
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        model.to_empty(device=device)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swap)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            b.copy_(buffers[name])
+    aliases: dict[int, list[str]] = {}  # tied parameters: one tensor, several names
+    for name, p in _root(model).named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(name)
+    groups = list(aliases.values())
+    groups += [[k] for k in _root(model).state_dict() if not any(k in g for g in groups)]  # persistent buffers
+    chunks = broadcast_object(file_chunks(path, groups, chunk_bytes) if rank() == 0 else None)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=world_size() > 1, strict=False)
+    for chunk in chunks:  # the same number of calls on every process
+        set_model_state_dict(_root(model), read_chunk(path, chunk) if rank() == 0 else {}, options=options)
+
+
+def save_sharded(model, optimizer, folder) -> None:
+    """Every process writes its own shards of the weights and of AdamW's state into `folder`
+    (torch.distributed.checkpoint: one file per process and a `.metadata` index; collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    _reshard(model)
+    model_state, optimizer_state = get_state_dict(_root(model), optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
+
+
+def load_sharded(model, optimizer, folder) -> None:
+    """Read back what save_sharded wrote, each process its own shards, whatever the number of processes now (or
+    into an unsharded model on one process); collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    _reshard(model)
+    model_state, optimizer_state = get_state_dict(_root(model), optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=folder)
+    set_state_dict(_root(model), optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def _reshard(model) -> None:
+    """FSDP2 keeps the root's parameters gathered after a forward; the optimizer holds the sharded ones, and
+    get_state_dict matches the two by the parameters the model has registered now."""
+    if is_sharded(model):
+        _root(model).reshard()
 
 
 def load_full_state(model, optimizer, model_state: dict, optimizer_state: dict | None) -> None:
-    """Scatter full (unsharded) weights and optimizer state into a sharded model (every process)."""
+    """Scatter full (unsharded) weights and optimizer state into a sharded model (every process): for a
+    checkpoint written without shards (plain data parallelism) resumed under FSDP."""
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                          set_optimizer_state_dict)
     options = StateDictOptions(full_state_dict=True, strict=False)

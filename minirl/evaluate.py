@@ -82,20 +82,29 @@ def evaluate(model, tokenizer, rows: list[dict], n: int = 1, greedy: bool = True
 
 
 def summarize(records: list[dict], ks: list[int] | None = None, greedy: bool = False) -> dict[str, dict]:
-    """Per data source: mean@n, pass@k, maj@n (math), greedy accuracy, lengths, time per token, tokens/s."""
+    """Per data source: mean@n, pass@k, maj@n (math), greedy accuracy, lengths, time per token, tokens/s.
+    Completions the judge could not judge (verdict JE: no reward) are not scored, only counted (judge_errors);
+    a problem's n is then its judged completions, and pass@k counts the problems with at least k of them."""
     by_source: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    errors: Counter = Counter()
     for r in records:
-        by_source[r["data_source"]][r["index"]].append(r)
-    summary = {}
+        if r.get("verdict") == "JE":
+            errors[r["data_source"]] += 1
+        else:
+            by_source[r["data_source"]][r["index"]].append(r)
+    summary = {src: {"problems": 0, "judge_errors": errors[src]} for src in errors if src not in by_source}
     for src, problems in by_source.items():
         groups = list(problems.values())
         n = min(len(g) for g in groups)
         flat = [r for g in groups for r in g]
         correct = [sum(r["reward"] >= 1.0 - 1e-9 for r in g) for g in groups]
         s = {"problems": len(groups), "n": n, f"mean@{n}": sum(r["reward"] for r in flat) / len(flat)}
+        if "verdict" in flat[0]:
+            s["judge_errors"] = errors[src]
         for k in ks or []:
-            if k <= n:
-                s[f"pass@{k}"] = sum(pass_at_k(len(g), c, k) for g, c in zip(groups, correct)) / len(groups)
+            scored = [(g, c) for g, c in zip(groups, correct) if len(g) >= k]
+            if scored:
+                s[f"pass@{k}"] = sum(pass_at_k(len(g), c, k) for g, c in scored) / len(scored)
         if "verdict" not in flat[0]:
             s[f"maj@{n}"] = sum(majority_vote([r["answer"] for r in g], [r["reward"] for r in g])
                                 for g in groups) / len(groups)

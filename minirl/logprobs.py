@@ -6,14 +6,16 @@ distribution `generate` samples from. `token_logprobs` computes the same numbers
 1. The LM head chunk by chunk (`chunked_logprobs`). It never builds the (N, R, V) fp32 log-softmax: the body's
    last hidden states go through the LM head and the model's own final transform (`final_logits_transform`:
    Gemma's soft-capping, Cohere's and Granite's logit scales) a chunk of tokens at a time, and only the gathered
-   log-prob (and the entropy) of each token leaves the chunk. Under autograd each chunk is checkpointed when the
-   batch's logits exceed one chunk's budget (LOGITS_PER_CHUNK), so its logits are recomputed in backward instead
-   of being stored (peak memory ~ one chunk's logits; scripts/bench_logprobs.py measures).
+   log-prob (and the entropy) of each token leaves the chunk. The head runs in fp32 whatever the autocast or the
+   weights' dtype (`fp32_head`): bf16 logits would be quantised to 0.125 near +-30. Under autograd each chunk is
+   checkpointed when the batch's logits exceed one chunk's budget (LOGITS_PER_CHUNK), so its logits are recomputed
+   in backward instead of being stored (peak memory ~ one chunk's logits; scripts/bench_logprobs.py measures).
 2. Prompt sharing (`states_before_responses`). Adjacent rows with the same prompt (a GRPO group) run it through
    the transformer once; its KV cache serves all of them. Only where that is exact (see its docstring).
 
 `check_exact` runs both on a short batch when a model is loaded, and refuses a model whose log-probs they do
-not reproduce (docs/architectures.md lists the families refused, and why).
+not reproduce (docs/architectures.md lists the families refused, and why): a property of the architecture's
+forward, checked in fp32 where the model runs in fp32, else at its dtype's resolution.
 
 Shapes: N sequences, P prompt tokens (left-padded), R response tokens (right-padded), V vocabulary, H hidden.
 """
@@ -77,16 +79,34 @@ class InexactModelError(ConfigError):
     policy's gradient, so it is refused."""
 
 
+HALF = (torch.float16, torch.bfloat16)
+
+
 @torch.no_grad()
-def check_exact(model, tolerance: float | None = None) -> None:
-    """Refuse a model (InexactModelError) unless token_logprobs equals logprobs_by_definition on a short batch: two
-    rows sharing a prompt, then a left-padded one. Costs three forward passes over 3 x 12 tokens at load."""
+def check_exact(model, compute_dtype: torch.dtype | None = None, tolerance: float | None = None) -> None:
+    """Refuse a model (InexactModelError) whose log-probs token_logprobs does not reproduce. Two properties of the
+    architecture's forward, on a short batch (two rows sharing a prompt, then a left-padded one; 3 x 12 tokens):
+
+    1. the logit path: the LM head and `final_logits_transform` over the decoder's last states give the logits
+       `model(ids)` returns (the same operations in the same dtype: equal but for a transform the model rounds
+       in another order);
+    2. prompt sharing: token_logprobs with the group's prompt run once equal those of whole rows.
+
+    They are checked in fp32 where the model runs in fp32 (autocast off; tolerance 1e-4). Where it cannot (half
+    weights: a frozen LoRA or 4-bit base, the reference; an attention kernel that takes only fp16/bf16, such as
+    flash-attn, run under autocast in `compute_dtype` as the trainer does) both differ by that dtype's rounding,
+    which scales with the logits: the tolerance is k * u * max|logit| (u the unit roundoff, 2^-8 in bf16; k = 2
+    for 1, the rounding of each logit; k = 8 for 2, measured on SmolLM2-135M in bf16: 0.5-2.5 u * max|logit| over
+    a 30-layer body, so a margin of 3x). A transform minirl does not apply moves log-probs by far more.
+
+    A forward pass that fails in fp32 and runs in half precision is the kernel's dtype rule, never the
+    architecture: with `compute_dtype` fp32 (or None) that is a ConfigError naming the fix."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     name = type(model).__name__
     if head is None or not hasattr(head, "weight"):
         raise InexactModelError(f"{name} has no LM head minirl can chunk (get_output_embeddings() is "
                                 f"{type(head).__name__}); see docs/architectures.md")
-    V, device, dtype = head.weight.shape[0], head.weight.device, head.weight.dtype
+    V, device = head.weight.shape[0], head.weight.device
     ids = (torch.arange(36, device=device).view(3, 12) * 7 + 3) % V
     ids[1, :8] = ids[0, :8]                                         # one prompt of 8 tokens, two responses
     mask = torch.ones_like(ids)
@@ -94,20 +114,56 @@ def check_exact(model, tolerance: float | None = None) -> None:
     was_training = model.training
     model.eval()
     try:
-        ours = token_logprobs(model, ids, mask, 4)[0]
-        theirs = logprobs_by_definition(model, ids, mask, 4)
-    except Exception as e:  # noqa: BLE001  (a body that takes no position_ids, no decoder, ...)
-        raise InexactModelError(f"minirl cannot run its forward pass on {name}: {type(e).__name__}: {e}; see "
-                                "docs/architectures.md") from e
+        try:
+            with torch.autocast(device.type, enabled=False):       # as the model is: fp32 weights compute fp32
+                errors = _exactness_errors(model, ids, mask)
+        except Exception as e:  # noqa: BLE001  (a kernel that takes no fp32; or no decoder, no position_ids, ...)
+            half = compute_dtype if compute_dtype in HALF else torch.bfloat16
+            try:
+                with torch.autocast(device.type, dtype=half):
+                    errors = _exactness_errors(model, ids, mask)
+            except Exception:  # noqa: BLE001
+                raise InexactModelError(f"minirl cannot run its forward pass on {name}: {type(e).__name__}: {e}; "
+                                        "see docs/architectures.md") from e
+            if compute_dtype not in HALF:
+                attn = getattr(model.config, "_attn_implementation", None)
+                raise ConfigError(
+                    f"{name} runs in {half} but not in {compute_dtype or torch.float32} ({type(e).__name__}: {e}): "
+                    f"its attention kernel ({attn}) computes in float16/bfloat16 only; pass --dtype bfloat16 "
+                    "(minirl computes under autocast), or --attn_implementation sdpa") from e
     finally:
         model.train(was_training)
-    tolerance = tolerance or (1e-4 if dtype == torch.float32 else 2e-2)
-    error = float((ours - theirs).abs().max())
-    if not error <= tolerance:                                      # also refuses NaN
-        raise InexactModelError(
-            f"minirl cannot compute {name}'s log-probs exactly: max |logp - log_softmax(model(ids).logits)| = "
-            f"{error:.3g} > {tolerance:g} on a test batch; its causal-LM class transforms the LM head's output in "
-            "a way minirl does not reproduce (docs/architectures.md lists the families minirl supports)")
+    path_error, sharing_error, u, scale = errors
+    for what, error, k in (("logit", path_error, 2), ("sharing", sharing_error, 8)):
+        limit = tolerance or max(1e-4, k * u * scale)
+        if not error <= limit:                                      # also refuses NaN
+            raise InexactModelError(f"minirl cannot compute {name}'s log-probs exactly: " + (
+                f"max |log_softmax(final transform(LM head(last states))) - log_softmax(model(ids).logits)| = "
+                f"{error:.3g} > {limit:.3g} on a test batch; its causal-LM class transforms the LM head's output "
+                "in a way minirl does not reproduce" if what == "logit" else
+                f"sharing a prompt's KV cache across its group changes log-probs by {error:.3g} > {limit:.3g} on a "
+                "test batch; its attention or positions depend on more than the prompt") +
+                " (docs/architectures.md lists the families minirl supports)")
+
+
+def _exactness_errors(model, ids: torch.Tensor, mask: torch.Tensor, R: int = 4) -> tuple[float, float, float, float]:
+    """check_exact's two comparisons at the precision the model runs in now. -> (logit path error, prompt sharing
+    error, unit roundoff u of the lowest precision computed in, max|logit|)"""
+    head, transform = model.get_output_embeddings(), final_logits_transform(model)
+    positions = position_ids_from_mask(mask)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits  # (N, T, V)
+    states = model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                 use_cache=False).last_hidden_state                                  # (N, T, H)
+    mine = head(states) if transform is None else transform(head(states))  # the model's operations, shapes, dtype
+    path_error = (torch.log_softmax(mine.float(), -1) - torch.log_softmax(logits.float(), -1)).abs().max()
+    hidden = states[:, -R - 1:-1]                                           # (N, R, H) before each response token
+    whole, _ = chunked_logprobs(hidden, ids[:, -R:], head, transform=transform)
+    shared, _ = token_logprobs(model, ids, mask, R)
+    low = logits.dtype
+    if torch.is_autocast_enabled(ids.device.type):
+        low = max(low, torch.get_autocast_dtype(ids.device.type), key=lambda d: torch.finfo(d).eps)
+    return (float(path_error), float((shared - whole).abs().max()), torch.finfo(low).eps / 2,
+            float(logits.float().abs().max()))
 
 
 # -- optimisation 1: the LM head, chunk by chunk ----------------------------------------------------------
@@ -116,11 +172,29 @@ LOGITS_PER_CHUNK = 1 << 24  # at most 16M fp32 logits (64 MB) per chunk: ~110 to
 MAX_CHUNK_TOKENS = 128      # and at most 128 tokens (16 MB at V=32k), still large enough for an efficient matmul
 
 
-def _chunk_logp(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module, transform,
-                temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def fp32_head(lm_head: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The LM head as a function that returns fp32 logits computed in fp32, whatever the autocast and whatever the
+    weight's dtype (FSDP's bf16 parameters, a bf16 frozen base): bf16 logits near +-30 are quantised to 0.125,
+    and that noise reaches every ratio and the KL (MiniMax-M1 traced its trainer/sampler mismatch to it). A half
+    weight is upcast once per call (V x H x 4 bytes while the call lasts), not per chunk. A head that is no plain
+    nn.Linear (a quantised or adapter-wrapped one) runs as it is, its output upcast."""
+    weight, bias = getattr(lm_head, "weight", None), getattr(lm_head, "bias", None)
+    # FSDP2's FSDPLinear subclasses nn.Linear and keeps its forward: a plain head
+    if type(lm_head).forward is not torch.nn.Linear.forward or not weight.is_floating_point():
+        return lambda hidden: lm_head(hidden).float()
+    weight, bias = weight.float(), None if bias is None else bias.float()
+
+    def head(hidden: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(hidden.device.type, enabled=False):
+            return torch.nn.functional.linear(hidden.float(), weight, bias)
+    return head
+
+
+def _chunk_logp(hidden: torch.Tensor, targets: torch.Tensor, head, transform, temperature: float,
+                with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """hidden (n, H), targets (n,) -> logp (n,) fp32 (with its graph), entropy (n,) or None (a metric: no graph).
     The chunk's (n, V) logits die here; the fused log-softmax and gather are those of logprobs_by_definition."""
-    logits = lm_head(hidden).float()                                        # (n, V)
+    logits = head(hidden)                                                   # (n, V) fp32
     if transform is not None:
         logits = transform(logits)
     logp_all = torch.log_softmax(logits / temperature, dim=-1)
@@ -136,18 +210,18 @@ def chunked_logprobs(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch
                      transform: Callable[[torch.Tensor], torch.Tensor] | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log_softmax(transform(lm_head(hidden)) / temperature)[targets] chunk by chunk (and the entropy, without
-    gradients). (N, R, H), (N, R) -> (N, R), (N, R) | None"""
+    gradients), the head computed in fp32 (fp32_head). (N, R, H), (N, R) -> (N, R), (N, R) | None"""
     N, R, H = hidden.shape
     V = lm_head.weight.shape[0]
     chunk_tokens = chunk_tokens or max(16, min(MAX_CHUNK_TOKENS, LOGITS_PER_CHUNK // V))
     # checkpointing bounds the logits kept for backward to one chunk's; when all of them fit in that bound anyway
     # (a small vocabulary or batch), keeping them saves recomputing the LM head in backward (~10% of the step)
     recompute = torch.is_grad_enabled() and N * R * V > LOGITS_PER_CHUNK
+    head = fp32_head(lm_head)
     flat_h, flat_y = hidden.reshape(N * R, H), targets.reshape(N * R)
     logps, entropies = [], []
     for s in range(0, N * R, chunk_tokens):
-        args = (flat_h[s:s + chunk_tokens], flat_y[s:s + chunk_tokens], lm_head, transform, temperature,
-                with_entropy)
+        args = (flat_h[s:s + chunk_tokens], flat_y[s:s + chunk_tokens], head, transform, temperature, with_entropy)
         lp, ent = checkpoint(_chunk_logp, *args, use_reentrant=False) if recompute else _chunk_logp(*args)
         logps.append(lp)
         entropies.append(ent)

@@ -1,9 +1,10 @@
 """Every RL formula in minirl: advantage estimators, KL estimators, loss aggregation, GAE and policy losses.
 
 One small function per idea, chosen by a string from the config (as in verl's core_algos.py). Nothing here
-knows about processes, devices or models: tensors in, tensors out. The trainer passes the token count of the
-whole optimizer step (`num_tokens`) so that the loss does not change with micro-batching, gradient accumulation
-or the number of processes.
+knows about processes, devices or models: tensors in, tensors out. The trainer passes the token and sequence
+counts of the whole optimizer step (`num_tokens`, `num_seqs`, over every process) so that the loss does not
+change with micro-batching, gradient accumulation or the number of processes: each process's loss is its share
+of the step's, and the gradients are summed over processes (train.py, the recipes on the sessions API alike).
 
 Shapes: N sequences (N = B*G: B prompts, G samples each), T response tokens; `mask` is 1 on real response
 tokens and 0 on padding. All per-token tensors are (N, T).
@@ -14,7 +15,8 @@ from collections.abc import Callable
 
 import torch
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+             "seq-sum-token-sum-norm")
 
 
 # --- advantages (outcome rewards, one scalar per sequence) -------------------------------------------------
@@ -32,16 +34,25 @@ def group_advantages(rewards: torch.Tensor, group_size: int, estimator: str = "g
 
     Example: rewards [1, 0, 0, 1], G=4: grpo -> [0.866, -0.866, -0.866, 0.866]; dr_grpo -> ±0.5; rloo -> ±0.667.
     A group whose rewards are all equal gets advantage 0 under every estimator (no learning signal).
+
+    A NaN reward is no reward (a program the judge could not judge, rewards.JUDGE_ERROR): that sample gets
+    advantage 0 and its group's statistics are those of the others, as if it had not been sampled (G is then
+    the group's count of rewards). [1, 0, NaN, NaN] under grpo: [0.707, -0.707, 0, 0].
     """
     r = rewards.float().view(-1, group_size)                               # (B, G)
-    mean = r.mean(dim=1, keepdim=True)
+    valid = ~torch.isnan(r)
+    n = valid.sum(dim=1, keepdim=True).float()                             # (B, 1) rewards per group
+    r = torch.where(valid, r, torch.zeros_like(r))
+    mean = r.sum(dim=1, keepdim=True) / n.clamp(min=1)
+    centred = torch.where(valid, r - mean, torch.zeros_like(r))
     if estimator == "grpo":
-        s = r.std(dim=1, keepdim=True, unbiased=(std == "unbiased")) if group_size > 1 else torch.zeros_like(mean)
-        adv = (r - mean) / (s + eps)
+        dof = n - 1 if std == "unbiased" else n                            # Bessel's correction, as torch.std
+        s = (centred.square().sum(dim=1, keepdim=True) / dof.clamp(min=1)).sqrt()
+        adv = centred / (torch.where(n > 1, s, torch.zeros_like(s)) + eps)
     elif estimator == "dr_grpo":
-        adv = r - mean
+        adv = centred
     elif estimator == "rloo":
-        adv = (r - mean) * group_size / (group_size - 1)
+        adv = centred * n / (n - 1).clamp(min=1)
     else:
         raise ValueError(f"unknown advantage estimator {estimator!r}; use grpo, dr_grpo or rloo")
     return adv.view(-1)
@@ -117,6 +128,30 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> 
     raise ValueError(f"unknown KL estimator {kind!r}; use k1, k2 or k3")
 
 
+# --- the sampler's distribution against the trainer's ---------------------------------------------------------
+
+def rollout_is_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance-sampling weights (N, T) for tokens an engine sampled from pi_sampler (bf16, other
+    kernels) while the loss assumes pi_old, the trainer's: w = min(pi_old / pi_sampler, cap), no gradient. The
+    policy loss of each token is multiplied by w (Yao et al. 2025, "Your efficient RL framework secretly brings
+    you off-policy RL training"; verl's token-level `rollout_is` with `rollout_is_threshold`,
+    verl/trainer/ppo/rollout_corr_helper.py, applied as `pg_losses * rollout_is_weights` in core_algos.py).
+    Equal distributions give 1. Example: pi_old 0.5, pi_sampler 0.2, cap 2: 2.5 -> 2.0; 0.2 vs 0.5: 0.4."""
+    return torch.exp((old_logp - sampler_logp).clamp(-20, 20)).clamp(max=cap).detach()
+
+
+def sampler_mismatch(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor
+                     ) -> dict[str, torch.Tensor]:
+    """How far the sampler's log-probs are from the trainer's on the sampled tokens, verl's `rollout_corr/`
+    names: kl = mean(sampler_logp - old_logp), k3_kl = mean(r - log r - 1) with r = pi_old / pi_sampler (both
+    estimate KL(pi_sampler || pi_old) from the sampler's own samples), abs_logp_diff_max = max |difference|.
+    All 0 when the two agree; fp32 engines agree up to float rounding (~1e-6)."""
+    m = mask.to(old_logp.dtype)
+    diff = (sampler_logp - old_logp) * m
+    return {"kl": masked_mean(diff, m), "k3_kl": masked_mean(kl_penalty(sampler_logp, old_logp, "k3") * m, m),
+            "abs_logp_diff_max": diff.abs().max() if diff.numel() else diff.new_zeros(())}
+
+
 # --- aggregation ---------------------------------------------------------------------------------------------
 
 def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", max_len: int | None = None,
@@ -126,21 +161,30 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", 
     - "token-mean": sum over all tokens / number of tokens (DAPO's token-level loss; long answers weigh more).
     - "seq-mean-token-mean": mean over sequences of each sequence's token mean (the original GRPO).
     - "seq-mean-token-sum": mean over sequences of each sequence's token sum.
-    - "seq-mean-token-sum-norm": sum over all tokens / max_len (Dr. GRPO's constant normaliser). As in verl,
-      this does *not* divide by the number of sequences: the scale grows with the batch.
+    - "seq-mean-token-sum-norm": Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", eq. 3 and its
+      code, understand-r1-zero): each sequence's token sum divided by a constant, max_len (the generation
+      budget), then the mean over the step's sequences: (1/N) sum_i sum_t loss_it / max_len. The paper drops
+      GRPO's 1/|o_i| and keeps the 1/G average, so the scale does not depend on the batch size or the number
+      of processes.
+    - "seq-sum-token-sum-norm": verl's "seq-mean-token-sum-norm" (verl/trainer/ppo/core_algos.py, agg_loss, at
+      b178a3c: `torch.sum(seq_losses) / loss_scale_factor`): the same token sums over max_len, *summed* over
+      sequences. Its scale grows with the batch (4x the rows, 4x the gradient); kept for comparison with verl.
 
     For gradient accumulation the normaliser must be that of the whole optimizer step, not of this micro-batch:
     pass `num_tokens` (token-mean) or `num_seqs` (seq-mean-*) counted over the step, across all processes.
-    Example, [[1,2,3,.],[4,.,.,.]] with max_len 4: 2.5, 3.0, 5.0, 2.5.
+    Example, [[1,2,3,.],[4,.,.,.]] with max_len 4: 2.5, 3.0, 5.0, 1.25, 2.5.
     """
     mask = mask.to(loss.dtype)
     if mode == "token-mean":
         denom = mask.sum() if num_tokens is None else num_tokens
         return (loss * mask).sum() / max(float(denom), 1.0)
     seq_sum = (loss * mask).sum(dim=-1)                                    # (N,)
-    if mode == "seq-mean-token-sum-norm":
-        return seq_sum.sum() / float(max_len if max_len is not None else loss.shape[-1])
+    norm = float(max_len if max_len is not None else loss.shape[-1])       # Dr. GRPO's constant
+    if mode == "seq-sum-token-sum-norm":
+        return seq_sum.sum() / norm
     denom = float((mask.sum(-1) > 0).sum()) if num_seqs is None else num_seqs  # rows without a token: none
+    if mode == "seq-mean-token-sum-norm":
+        return (seq_sum / norm).sum() / max(float(denom), 1.0)
     if mode == "seq-mean-token-mean":
         return (seq_sum / mask.sum(dim=-1).clamp(min=1)).sum() / max(float(denom), 1.0)
     if mode == "seq-mean-token-sum":
@@ -157,7 +201,8 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 kind: str = "ppo", clip_low: float = 0.2, clip_high: float = 0.2, agg: str = "token-mean",
                 dual_clip: float | None = None, max_len: int | None = None, num_tokens: float | None = None,
-                num_seqs: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                num_seqs: float | None = None, is_weights: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Policy-gradient loss from per-token log-probs under the current (logp) and sampling (old_logp) policy.
 
     advantages may be (N,) (one per sequence, broadcast to its tokens) or (N, T). ratio = exp(logp - old_logp).
@@ -170,6 +215,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     - "cross_entropy": -A * logp, the weighted negative log-likelihood (old_logp unused): SFT with A = 1 and the
       weights in `mask`; with A = -dL/dlogp it is the linear surrogate whose gradient is that of any loss L of
       the log-probs (the sessions API's forward_backward_custom, minirl/sessions/client.py).
+    `is_weights` (N, T), if given, multiply each token's loss (rollout_is_weights: the sampler's correction).
     Returns (scalar loss aggregated by `aggregate`, metrics: pg_clipfrac, ppo_kl (mean old_logp - logp)).
     """
     if advantages.dim() == 1:
@@ -196,6 +242,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         clipfrac = logp.new_zeros(())
     else:
         raise ValueError(f"unknown policy loss {kind!r}; use ppo, cispo, importance_sampling or cross_entropy")
+    if is_weights is not None:
+        per_token = per_token * is_weights
     loss = aggregate(per_token, mask, agg, max_len=max_len, num_tokens=num_tokens, num_seqs=num_seqs)
     metrics = {"pg_clipfrac": clipfrac.detach(), "ppo_kl": masked_mean(-log_ratio, mask_f).detach()}
     return loss, metrics

@@ -139,8 +139,21 @@ def extract_code(completion: str, language: str) -> str | None:
     return chosen[-1] if chosen and chosen[-1].strip() else None
 
 
+# The judge's "judge error" (minirl/judge/verdict.py: JUDGE_ERROR): it could not judge the program (a worker's
+# sandbox died, no server answered). Not a verdict on the program, so never a reward: its reward is NaN, and the
+# trainer leaves the sample out of the loss and of its group's advantages (minirl/sampling.py).
+JUDGE_ERROR = "JE"
+
+
+def unjudged(reward: float) -> bool:
+    """Whether a reward is a judge error's NaN (no reward at all), not a number to learn from."""
+    return reward != reward
+
+
 def reward_from_result(result, style: str = "codefu") -> float:
-    """Map a JudgeResult (or None for 'no code') to a reward in the given style."""
+    """Map a JudgeResult (or None for 'no code') to a reward in the given style; NaN for a judge error (JE)."""
+    if result is not None and result.verdict == JUDGE_ERROR:
+        return float("nan")
     if style == "binary":
         return -0.1 if result is None else float(result.verdict == "AC")
     if style != "codefu":
@@ -161,11 +174,16 @@ def as_problem(ground_truth) -> dict:
 def judge_request(source: str, problem: dict) -> dict:
     """What the judge runs for one program (the keyword arguments of minirl.judge.judge_job): `problem` is a code
     row's ground truth ({"tests": [{"input", "output"}], "language": "cpp"|"python", "time_limit_s",
-    "memory_limit_mb", "float_tolerance"?})."""
-    return dict(source=source, language=problem.get("language", "python"), tests=problem["tests"],
-                time_limit_s=float(problem.get("time_limit_s", 2.0)),
-                memory_limit_mb=int(problem.get("memory_limit_mb", 256)),
-                float_tolerance=problem.get("float_tolerance"))
+    "memory_limit_mb", "float_tolerance"?, "checker"?}). `checker` ({"source", "language": "python"|"cpp"}) is
+    the problem's special checker, for problems with several right answers: run as `checker input expected
+    actual`, exit code 0 accepts (minirl/judge/verdict.py: `_check`); it replaces the token comparison."""
+    job = dict(source=source, language=problem.get("language", "python"), tests=problem["tests"],
+               time_limit_s=float(problem.get("time_limit_s", 2.0)),
+               memory_limit_mb=int(problem.get("memory_limit_mb", 256)),
+               float_tolerance=problem.get("float_tolerance"))
+    if problem.get("checker"):
+        job["checker"] = problem["checker"]
+    return job
 
 
 def judge_completions(completions: list[str], problems: list, judge) -> list:
@@ -230,8 +248,8 @@ def reward_fn_for(data_source: str) -> Callable[..., float]:
 
 
 # what Scorer.details says of a judged completion: the judge's verdicts (minirl/judge/verdict.py: VERDICTS,
-# equal by test) and "no code" when no program was extracted
-CODE_VERDICTS = ("AC", "WA", "TLE", "MLE", "RE", "CE", "OLE", "no code")
+# equal by test), JE when the judge could not judge it, and "no code" when no program was extracted
+CODE_VERDICTS = ("AC", "WA", "TLE", "MLE", "RE", "CE", "OLE", JUDGE_ERROR, "no code")
 
 
 def is_code(row: dict) -> bool:
@@ -271,7 +289,8 @@ class Scorer:
         return [d["reward"] for d in self.details(completions, rows)]
 
     def details(self, completions: list[str], rows: list[dict]) -> list[dict]:
-        """Per completion: reward and the extracted answer, plus verdict and tests_passed for code rows."""
+        """Per completion: reward and the extracted answer, plus verdict and tests_passed for code rows. A
+        program the judge could not judge has verdict JE, reward NaN (no reward) and the cause in `message`."""
         out = [{"answer": self.extract(text, row)} for text, row in zip(completions, rows, strict=True)]
         code = [i for i, row in enumerate(rows) if is_code(row)] if self.reward_fn is None else []
         if code:
@@ -282,6 +301,8 @@ class Scorer:
             for i, res in zip(code, results):
                 out[i].update(reward=reward_from_result(res, self.code_style),
                               verdict=res.verdict if res else "no code", tests_passed=res.passed if res else 0)
+                if res is not None and res.verdict == JUDGE_ERROR:
+                    out[i]["message"] = res.message  # the cause, for the run's stop message
         for d, text, row in zip(out, completions, rows):
             truth = row["reward_model"]["ground_truth"]
             if self.reward_fn is not None:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from minirl.loss import aggregate, gae, group_advantages, kl_penalty, outcome_token_rewards, policy_loss, whiten
+from minirl.loss import (aggregate, gae, group_advantages, kl_penalty, outcome_token_rewards, policy_loss,
+                         rollout_is_weights, sampler_mismatch, whiten)
 from minirl.logprobs import token_logprobs
 
 
@@ -33,12 +34,14 @@ class LossSettings:
     dual_clip: float | None = None
     max_new_tokens: int | None = None  # Dr. GRPO's constant normaliser (seq-mean-token-sum-norm)
     temperature: float = 1.0           # the rollouts' sampling temperature: log-probs are those of pi_T
+    rollout_is_cap: float = 0.0        # > 0: truncated IS weights min(pi_old / pi_sampler, cap) on the loss
 
     @classmethod
     def from_config(cls, cfg) -> "LossSettings":
         kl_loss_coef = 0.0 if cfg.kl_in_reward else cfg.kl_coef  # the KL goes in one place, not both
         return cls(cfg.policy_loss, cfg.clip_low, cfg.clip_high, cfg.loss_agg_mode, kl_loss_coef,
-                   cfg.kl_estimator, cfg.dual_clip or None, cfg.max_new_tokens, cfg.temperature)
+                   cfg.kl_estimator, cfg.dual_clip or None, cfg.max_new_tokens, cfg.temperature,
+                   rollout_is_cap=cfg.rollout_is_cap)
 
 
 @torch.no_grad()
@@ -51,7 +54,7 @@ def compute_advantages(cfg, rewards: torch.Tensor, batch: dict[str, torch.Tensor
     (distributed.global_sum), so PPO's whitening and the KL metric are the whole batch's.
 
     GRPO: group_advantages of the rewards (minus kl_coef * each sequence's summed KL with kl_in_reward, verl's
-    use_kl_in_reward). PPO: the outcome reward on the last token (minus the per-token KL), GAE on the
+    use_kl_in_reward); a NaN reward (a judge error) is left out of its group and gets advantage 0. PPO: the outcome reward on the last token (minus the per-token KL), GAE on the
     critic's values, whitened over the step's tokens (loss.py holds each formula)."""
     mask = batch["response_mask"]
     kl = kl_penalty(batch["old_logp"], batch["ref_logp"], cfg.kl_estimator) * mask if cfg.kl_in_reward else None
@@ -65,6 +68,7 @@ def compute_advantages(cfg, rewards: torch.Tensor, batch: dict[str, torch.Tensor
             rewards = rewards - cfg.kl_coef * kl.sum(1)
         adv = group_advantages(rewards, cfg.group_size, cfg.adv_estimator, cfg.adv_std, cfg.adv_eps)  # (N,)
         return adv, None, metrics
+    rewards = torch.nan_to_num(rewards)  # a judge error's NaN: its sample has no loss (sampling.train_batch)
     token_rewards = outcome_token_rewards(rewards, mask, kl, cfg.kl_coef)                       # (N, R)
     adv, returns = gae(token_rewards, batch["old_values"], mask, cfg.gae_gamma, cfg.gae_lambda)  # (N, R)
     return whiten(adv, mask, total=total) * mask, returns, metrics
@@ -92,6 +96,9 @@ def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, 
            the one being trained): old_logp = logp.detach(), so ratio = 1 and the loss and gradients are
            those of an exact old-logp pass, which is skipped (TRL does the same); the entropy metric then
            comes from this pass and is returned as "entropy".
+           With sampler_logp (N, R), the engine's own log-probs of the sampled tokens (rollout.Rollout), the
+           sampler-vs-trainer mismatch is measured against old_logp (`rollout_corr/` metrics, loss.sampler_mismatch)
+           and, with loss.rollout_is_cap > 0, each token's loss is weighted by loss.rollout_is_weights.
     num_tokens / num_seqs: response tokens / sequences in the whole step (all processes), so that summing
            the gradients of every micro-batch and process gives the batch's.
     Returns metrics (verl names, without the "actor/" prefix): this process's share of each step total,
@@ -105,16 +112,36 @@ def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, 
     sums = {"pg_loss": 0.0, "kl_loss": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0}
     if on_policy:
         sums["entropy"] = 0.0
+    corrected = "sampler_logp" in batch    # the keys are verl's; "_max" ones are maxima (train.mini_batch_steps)
+    if corrected:
+        sums.update({"rollout_corr/kl": 0.0, "rollout_corr/k3_kl": 0.0, "rollout_corr/abs_logp_diff_max": 0.0})
+    if corrected and loss.rollout_is_cap > 0:
+        sums.update({"rollout_corr/rollout_is_mean": 0.0, "rollout_corr/rollout_is_ratio_fraction_high": 0.0})
+    elif loss.rollout_is_cap > 0:
+        raise ValueError("config key 'rollout_is_cap' needs the sampler's log-probs, which this rollout engine "
+                         "does not return (the vLLM engine, or HF generate split by the context); set it to 0")
     for s in range(0, N, micro_batch_size):
         mb = {k: v[s:s + micro_batch_size] for k, v in batch.items()}
         mask = mb["response_mask"]
         logp, entropy = token_logprobs(model, mb["input_ids"], mb["attention_mask"], R, loss.temperature,
                                        with_entropy=on_policy)                                       # (n, R)
         old_logp = logp.detach() if on_policy else mb["old_logp"]
+        share = float(mask.sum()) / max(num_tokens, 1.0)  # this micro-batch's share of the step's tokens
+        weights = None
+        if corrected:  # the sampler's log-probs against the trainer's pi_old, which the loss assumes
+            for k, v in sampler_mismatch(old_logp, mb["sampler_logp"], mask).items():
+                key = f"rollout_corr/{k}"
+                sums[key] = max(sums[key], float(v)) if k.endswith("_max") else sums[key] + float(v) * share
+            if loss.rollout_is_cap > 0:
+                weights = rollout_is_weights(old_logp, mb["sampler_logp"], loss.rollout_is_cap)   # (n, R)
+                raw = torch.exp((old_logp - mb["sampler_logp"]).clamp(-20, 20))
+                sums["rollout_corr/rollout_is_mean"] += float((weights * mask).sum()) / max(num_tokens, 1.0)
+                sums["rollout_corr/rollout_is_ratio_fraction_high"] += \
+                    float(((raw > loss.rollout_is_cap) * mask).sum()) / max(num_tokens, 1.0)
         pg_loss, metrics = policy_loss(logp, old_logp, mb["advantages"], mask, kind=loss.policy_loss,
                                        clip_low=loss.clip_low, clip_high=loss.clip_high, agg=loss.loss_agg_mode,
-                                       dual_clip=loss.dual_clip,
-                                       max_len=loss.max_new_tokens, num_tokens=num_tokens, num_seqs=num_seqs)
+                                       dual_clip=loss.dual_clip, max_len=loss.max_new_tokens,
+                                       num_tokens=num_tokens, num_seqs=num_seqs, is_weights=weights)
         total = pg_loss
         if loss.kl_coef > 0:
             kl = kl_penalty(logp, mb["ref_logp"], loss.kl_estimator)
@@ -123,7 +150,6 @@ def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, 
             total = total + loss.kl_coef * kl_loss
             sums["kl_loss"] += float(kl_loss.detach())
         backward(total)
-        share = float(mask.sum()) / max(num_tokens, 1.0)  # this micro-batch's share of the step's tokens
         sums["pg_loss"] += float(pg_loss.detach())
         sums["pg_clipfrac"] += float(metrics["pg_clipfrac"]) * share
         sums["ppo_kl"] += float(metrics["ppo_kl"]) * share

@@ -11,8 +11,12 @@ Each step trains B groups of G episodes (minirl/agentic/episodes.py; CodeEnv: up
 on the public tests, reward 1/0/-0.1 on the private tests). Rollout workers (minirl/agentic/overlap.py) keep sampling
 and judging while the trainer steps, at most --max_steps_off_policy policy versions ahead; older groups are
 requeued or dropped. Each group's forward_backward is submitted as soon as the group is ready (streaming), with
-a normaliser known in advance (Dr. GRPO's constant, B*G*max_tokens), and the loss (cispo by default) corrects
-for the policy gap with the sampler's own log-probs. Advantages: reward minus the group mean.
+a normaliser known in advance: Dr. GRPO's aggregation as train.py's `--loss_agg_mode seq-mean-token-sum-norm`
+(each episode's token sum over the constant max_tokens, averaged over the step's W*B*G episodes of W processes,
+since optim_step sums the processes' gradients), so the same batch gives the same gradient on 1 or 2 processes
+(tests/core/test_loss_convention.py). The loss (cispo by default) corrects for the policy gap with the sampler's
+own log-probs. Advantages: reward minus the group mean; an episode whose program the judge could not judge
+(reward NaN, verdict JE) gets advantage 0 and is left out of its group's mean.
 With --max_steps_off_policy 0 the run is the synchronous loop, whatever --num_rollout_workers is.
 
 Metrics: reward, loss, grad_norm, turns, async/staleness/{mean,max}, async/requeued, async/dropped,
@@ -64,6 +68,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def advantage_scale(B: int, G: int, max_tokens: int, world: int) -> float:
+    """Dr. GRPO's normaliser: 1 / (the step's episodes over every process * the constant token budget)."""
+    return 1.0 / (world * B * G * max_tokens)
+
+
+def group_datums(episodes: list, scale: float) -> list:
+    """One Datum per episode: (reward - the group's mean) * scale; a judge error's NaN reward gets 0 and stays
+    out of the mean (as train.py leaves it out of the loss: advantage 0 under this constant normaliser)."""
+    judged = [ep.reward for ep in episodes if ep.reward == ep.reward]
+    mean = sum(judged) / max(len(judged), 1)
+    return [episode_datum(ep, (ep.reward - mean) * scale if ep.reward == ep.reward else 0.0) for ep in episodes]
+
+
 def main(argv: list[str] | None = None, make_env=None) -> dict:
     """make_env: a factory of environments in place of --env's (scripts/bench_overlap.py passes one)."""
     args = parse_args(argv)
@@ -85,9 +102,9 @@ def main(argv: list[str] | None = None, make_env=None) -> dict:
     position = iter(range(10**12))
     next_problem = lambda: rows[prompt_indices(next(position), 1, len(rows), args.seed)[0]]  # noqa: E731
     pool = RolloutPool(run_group, next_problem, B, k, args.num_rollout_workers, args.seed)
-    # Tinker's losses sum over tokens: advantages divided by a constant token budget give a step size that
-    # does not grow with the batch (Dr. GRPO's constant normaliser)
-    norm = float(B * G * args.max_tokens)
+    # Tinker's losses sum over tokens: advantages scaled by 1 / (W*B*G episodes * a constant token budget) give a
+    # step size that grows neither with the batch nor with the processes (Dr. GRPO's aggregation)
+    scale = advantage_scale(B, G, args.max_tokens, svc.num_processes)
     adam = AdamParams(learning_rate=args.lr, beta1=0.9, beta2=0.99, eps=1e-8, grad_clip_norm=1.0)
     history = []
     try:
@@ -95,18 +112,15 @@ def main(argv: list[str] | None = None, make_env=None) -> dict:
             t0 = time.perf_counter()
             fbs, rewards, turns = [], [], []
             for group in pool.fresh_groups(step, args.stale_policy):  # streaming: train each group on arrival
-                r = [ep.reward for ep in group.episodes]
-                mean = sum(r) / len(r)
-                datums = [episode_datum(ep, (ri - mean) / norm) for ep, ri in zip(group.episodes, r)]
-                fbs.append(tc.forward_backward(datums, args.loss_fn))
-                rewards += r
+                fbs.append(tc.forward_backward(group_datums(group.episodes, scale), args.loss_fn))
+                rewards += [ep.reward for ep in group.episodes if ep.reward == ep.reward]  # judge errors: none
                 turns += [ep.turns for ep in group.episodes]
             depth = pool.queue_depth
             op = tc.optim_step(adam)
             losses, opt = [f.result().loss for f in fbs], op.result()
             pool.set_policy(int(opt["policy_version"]))  # workers may now start groups up to this version + k
             stale = pool.stats["staleness"]
-            history.append({"step": step + 1, "reward": sum(rewards) / len(rewards), "loss": sum(losses),
+            history.append({"step": step + 1, "reward": sum(rewards) / max(len(rewards), 1), "loss": sum(losses),
                             "grad_norm": opt["grad_norm"], "turns": sum(turns) / len(turns),
                             "async/staleness/mean": sum(stale) / len(stale), "async/staleness/max": max(stale),
                             "async/requeued": pool.stats["requeued"], "async/dropped": pool.stats["dropped"],

@@ -10,10 +10,12 @@ Each step, as tinker-cookbook's rl_loop: a sampler on a snapshot of the current 
 of B prompts (all submitted before waiting: one generate), gsm8k_reward, the reward centred within its group
 (no std division: the cookbook's and Dr. GRPO's), one Datum per sample (model_input = prompt + sample[:-1],
 target 0 / advantage 0 under the prompt), forward_backward with the clipped "ppo" loss, optim_step. Tinker's
-losses sum over tokens; dividing the advantages by the step's sampled-token count gives train.py's token mean,
-so with matching settings this computes what `train.py --adv_estimator dr_grpo` computes
-(tests/sessions/test_session.py checks the first step). Groups whose rewards are all equal have advantage 0
-and stay in the batch (they count in the token count, as in train.py).
+losses sum over tokens; dividing the advantages by the step's sampled-token count over *every* process (each
+process's forward_backward is its share, and optim_step sums the gradients over processes) gives train.py's
+token mean, so with matching settings this computes what `train.py --adv_estimator dr_grpo` computes, on one
+process or several (tests/core/test_loss_convention.py checks the gradient on 1 and 2 processes;
+tests/sessions/test_session.py the first step). Groups whose rewards are all equal have advantage 0 and stay
+in the batch (they count in the token count, as in train.py).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import torch
 
 from common import accuracy, answer_of, prompt_tokens
 from minirl.data import load_rows, prompt_indices
+from minirl.distributed import global_sum
 from minirl.rewards import gsm8k_reward
 from minirl.sessions import AdamParams, Datum, EncodedTextChunk, ModelInput, SamplingParams, ServiceClient, TensorData
 
@@ -42,6 +45,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output_dir", default="")                     # merged weights are saved here if given
     return p.parse_args(argv)
+
+
+def step_tokens(groups_P: list) -> float:
+    """The token mean's denominator: the step's sampled tokens over every process (train.py's num_tokens)."""
+    return float(global_sum(torch.tensor(float(sum(len(s.tokens) for group in groups_P for s in group)))))
+
+
+def group_datums(prompt: ModelInput, group: list, rewards_G: list[float], num_tokens: float) -> list[Datum]:
+    """One Datum per sample of a group: its advantage (reward minus the group's mean) / the step's tokens."""
+    mean = sum(rewards_G) / len(rewards_G)
+    ob_len = prompt.length - 1
+    return [Datum(model_input=prompt.append(EncodedTextChunk(tokens=s.tokens[:-1])), loss_fn_inputs={
+        "target_tokens": TensorData([0] * ob_len + s.tokens, "int64"),
+        "logprobs": TensorData([0.0] * ob_len + s.logprobs),
+        "advantages": TensorData([0.0] * ob_len + [(r - mean) / num_tokens] * len(s.tokens))})
+        for s, r in zip(group, rewards_G)]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -67,18 +86,11 @@ def main(argv: list[str] | None = None) -> dict:
         futures_P = [sampling_client.sample(prompt=p, num_samples=G, sampling_params=sampling_params)
                      for p in prompts_P]
         groups_P = [f.result().sequences for f in futures_P]
-        num_tokens = sum(len(s.tokens) for group in groups_P for s in group)  # the token mean's denominator
+        num_tokens = step_tokens(groups_P)  # over every process: optim_step sums their gradients
         datums_D, rewards = [], []
         for prompt, row, group in zip(prompts_P, rows, groups_P):
             rewards_G = [gsm8k_reward(tok.decode(s.tokens, skip_special_tokens=True), answer_of(row)) for s in group]
-            mean = sum(rewards_G) / G
-            for s, r in zip(group, rewards_G):
-                ob_len = prompt.length - 1
-                model_input = prompt.append(EncodedTextChunk(tokens=s.tokens[:-1]))
-                datums_D.append(Datum(model_input=model_input, loss_fn_inputs={
-                    "target_tokens": TensorData([0] * ob_len + s.tokens, "int64"),
-                    "logprobs": TensorData([0.0] * ob_len + s.logprobs),
-                    "advantages": TensorData([0.0] * ob_len + [(r - mean) / num_tokens] * len(s.tokens))}))
+            datums_D += group_datums(prompt, group, rewards_G, num_tokens)
             rewards += rewards_G
         fwd_bwd_future = tc.forward_backward(datums_D, loss_fn="ppo")
         lr = args.lr * min(1.0, (step + 1) / args.warmup_steps) if args.warmup_steps else args.lr

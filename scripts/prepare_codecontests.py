@@ -11,7 +11,10 @@ Reads, one row at a time, any of:
   `time_limit_seconds`/`memory_limit_bytes` or `time_limit_ms`/`memory_limit_mb`, ICPC rows with
   `validation` and `validator_flags`.
 Filters, each reported with how many it removed: rating below 800 (when a rating is known), no tests, an empty
-or malformed statement, invalid limits, and problems that need a jury checker (ICPC `custom` validation).
+or malformed statement, invalid limits, and problems that need a jury checker (ICPC `custom` validation) the row
+does not carry. A row with a `checker` ({"source", "language": "python"|"cpp"}, run as `checker input expected
+actual`, exit code 0 accepts: minirl/judge/verdict.py) is kept, the checker in its ground truth, and every judge
+backend runs it (minirl/rewards.py: judge_request).
 Tags a difficulty tier from the Codeforces rating: Easy 800-1000, Hard 1100-2200, Expert 2300-3500.
 `reward_model.ground_truth` (a JSON string, as veRL stores code tests) holds tests and limits only, never a
 solution; `public_tests` too where the source has them (the examples CodeEnv's check_solution tool runs).
@@ -103,7 +106,7 @@ def normalise(raw: dict) -> tuple[dict | None, str | None]:
             tests = raw.get("tests") or []
         time_limit = raw.get("time_limit_seconds") or ((raw.get("time_limit_ms") or 0) / 1000) or None
         memory_mb = raw.get("memory_limit_mb") or ((raw.get("memory_limit_bytes") or 0) / 2**20) or None
-        if raw.get("validation", "default") != "default":
+        if raw.get("validation", "default") != "default" and not isinstance(raw.get("checker"), dict):
             return None, "needs a jury checker"
         flags = (raw.get("validator_flags") or "").split()
         for i, flag in enumerate(flags[:-1]):
@@ -124,7 +127,8 @@ def normalise(raw: dict) -> tuple[dict | None, str | None]:
     return {"name": raw.get("name") or raw.get("id"), "statement": statement.strip(), "tests": tests,
             "public_tests": public,
             "time_limit_s": time_limit, "memory_limit_mb": memory_mb, "rating": rating,
-            "float_tolerance": tolerance, "default_time_limit": raw.get("time_limit_seconds", 0) is None}, None
+            "float_tolerance": tolerance, "default_time_limit": raw.get("time_limit_seconds", 0) is None,
+            "checker": raw.get("checker") if isinstance(raw.get("checker"), dict) else None}, None
 
 
 def to_row(problem: dict, language: str, data_source: str, index: int, split: str) -> dict:
@@ -132,6 +136,8 @@ def to_row(problem: dict, language: str, data_source: str, index: int, split: st
              "memory_limit_mb": problem["memory_limit_mb"], "float_tolerance": problem["float_tolerance"]}
     if problem.get("public_tests"):
         truth["public_tests"] = problem["public_tests"]
+    if problem.get("checker"):
+        truth["checker"] = problem["checker"]
     return {"data_source": data_source,
             "prompt": [{"role": "user", "content": f"{problem['statement']}\n\n{INSTRUCTIONS[language]}"}],
             "ability": "code",
@@ -172,7 +178,8 @@ def verify(problems: list[tuple[dict, list[dict]]], language: str, judge, droppe
     for attempt in range(2):
         jobs = [dict(source=sols[attempt]["code"], language=sols[attempt]["language"], tests=p["tests"],
                      time_limit_s=p["time_limit_s"], memory_limit_mb=p["memory_limit_mb"],
-                     float_tolerance=p["float_tolerance"]) for p, sols in pending]
+                     float_tolerance=p["float_tolerance"], **({"checker": p["checker"]} if p.get("checker") else {}))
+                for p, sols in pending]
         failed = []
         for (problem, sols), res in zip(pending, judge.run_many(jobs)):
             if res.verdict == "AC":

@@ -57,3 +57,10 @@ def assert_close_at_scale(got, want, rel: float = 1e-5) -> None:
     for k in want:
         err = float((got[k] - want[k]).abs().max()) if want[k].numel() else 0.0
         assert err <= rel * scale, f"{k}: max |got - want| = {err:.3g} > {rel:g} * scale {scale:.3g}"
+
+
+def pytest_configure(config):
+    # tests that run, on CPU, a branch only a GPU or an optional kernel takes; tests/core/test_device_branches.py
+    # checks every such branch in the source has one, and scripts/gpu_check.sh runs them on a GPU machine
+    config.addinivalue_line("markers", "device_branch(*names): forces the named device branches "
+                                       "(`# device-branch: NAME` in the source) on CPU")

@@ -7,10 +7,11 @@ others); it gives the tokens that `generate` gives over the N = B*G repeated row
   and the first decoding step feeds every row its prompt's last token.
 - Finished rows leave: a row that has produced an EOS, completed a stop string or spent its budget leaves the
   batch and the cache, instead of decoding padding until the longest row ends.
-- No copy of the cache per step: each layer's keys and values sit in one buffer sized for the whole rollout.
+- No copy of the cache per step: each layer's keys and values sit in one buffer sized for the whole rollout
+  (engines/decode_cache.py).
 - Packed weights on CPU: in fp32 each nn.Linear runs oneDNN's matmul on a weight packed once, 2-3x F.linear.
 - The prompt read once per group (sdpa models, fp32): `_SharedPrefix` keeps each prompt's keys and values
-  once, and attention runs in two parts merged by their log-sum-exp (see the section below).
+  once, and attention runs in two parts merged by their log-sum-exp (engines/decode_cache.py).
 - The same samples. The warpers are generate's (temperature, top-k, top-p). Each step's uniforms for the
   noise are drawn for all N rows, as generate's loop draws them, and the running rows take theirs: a row's
   noise does not depend on which rows have ended, so the samples are generate's token for token (up to float
@@ -26,10 +27,13 @@ import contextlib
 import functools
 import inspect
 import threading
+import warnings
+import weakref
 
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from minirl.engines.decode_cache import _attention, _configs, _Preallocated, _SharedPrefix, _shares_prefix
 from minirl.logprobs import _plain_attention_cache, position_ids_from_mask
 from minirl.sampler import gumbel_argmax, gumbel_uniforms
 
@@ -37,14 +41,22 @@ from minirl.sampler import gumbel_argmax, gumbel_uniforms
 @torch.no_grad()
 def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int, max_new_tokens: int,
            warpers: list, noise: bool, eos_ids: list[int], pad_id: int, stop=None, budgets=None,
-           generator=None) -> torch.Tensor | None:
+           generator=None, draw=None, logp=None, temperature: float = 1.0) -> torch.Tensor | None:
     """G continuations of each of the B prompts (B, P). `warpers` process the fp32 scores (N, V); `noise` adds
     Gumbel noise from `generator` (else torch's global one; no noise: greedy). A row ends at an EOS, where
     `stop(ids, scores) -> (n,) bool` says (generate's StopStringCriteria) or at its budget (N,). Returns the
-    (N, R') response ids, pad after a row's end, or None when the cache cannot be copied between rows."""
-    with _DECODING, _packed_linears(model, prompt_ids.shape[0] * group_size):
-        return _decode(model, prompt_ids, prompt_mask, group_size, max_new_tokens, warpers, noise, eos_ids, pad_id,
-                       stop, budgets, generator)
+    (N, R') response ids, pad after a row's end, or None when the loop does not serve the model (check_model
+    says why; rollout.sample then calls generate).
+    `draw(t, V)`, if given, returns step t's uniforms for the N rows instead of a fresh draw (rollout.sample's
+    chunks replay one batch's noise with it). `logp` (N, max_new_tokens), if given, receives each sampled token's
+    log-prob under softmax(logits / temperature): the sampler's own, as the trainer's old_logp define it."""
+    with _DECODING:
+        path = _path(model)
+        if path not in PATHS:
+            return None
+        with _packed_linears(model, prompt_ids.shape[0] * group_size):
+            return _decode(model, prompt_ids, prompt_mask, group_size, max_new_tokens, warpers, noise, eos_ids,
+                           pad_id, stop, budgets, generator, draw, logp, temperature, share=path == "shared")
 
 
 # One decode at a time in a process: both speed-ups below swap something on the shared model for the length of a
@@ -54,23 +66,71 @@ _DECODING = threading.RLock()
 
 
 def _decode(model, prompt_ids, prompt_mask, group_size, max_new_tokens, warpers, noise, eos_ids, pad_id, stop,
-            budgets, generator):
+            budgets, generator, draw=None, logp=None, temperature=1.0, share: bool = True):
     B, P = prompt_ids.shape
-    N = B * group_size
-    budgets = torch.full((N,), max_new_tokens, device=prompt_ids.device) if budgets is None else budgets
-    owner = torch.arange(B, device=prompt_ids.device).repeat_interleave(group_size)       # (N,) row -> prompt
+    N, device = B * group_size, prompt_ids.device
+    budgets = torch.full((N,), max_new_tokens, device=device) if budgets is None else budgets
+    owner = torch.arange(B, device=device).repeat_interleave(group_size)                 # (N,) row -> prompt
     positions = position_ids_from_mask(prompt_mask)
+    cache, configs, shared = _prefill(model, prompt_ids, prompt_mask, positions, owner, group_size, max_new_tokens,
+                                      share)
+    if cache is None:
+        return None
+    ids, mask = prompt_ids[owner], prompt_mask[owner]                            # (n, P+t) each, t steps done
+    position = positions[owner, -1:]                                             # (n, 1) the next token's
+    running = torch.arange(N, device=device)                  # (n,) the rows in the batch, in batch order
+    ended = torch.zeros(N, dtype=torch.bool, device=device)   # (n,) rows that have ended but not yet left
+    leave_at = finished_rows_leave_at(device)
+    eos = torch.tensor(eos_ids, device=device)
+    response = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    for t in range(max_new_tokens):
+        with _attention(configs, cache if shared else None):   # shared: the prompt's padding is the cache's to mask
+            logits = model(input_ids=ids[:, -1:], attention_mask=None if shared else mask, position_ids=position,
+                           past_key_values=cache, use_cache=True).logits[:, -1].float()                   # (n, V)
+        scores = logits
+        for warp in warpers:
+            scores = warp(ids, scores)
+        # every row's uniforms are drawn, so that each row's noise is the one generate would give it
+        if noise:
+            u = gumbel_uniforms(N, scores.shape[1], scores.device, generator) if draw is None \
+                else draw(t, scores.shape[1])                                                              # (N, W)
+        tokens = gumbel_argmax(scores, u[running]) if noise else scores.argmax(-1)                         # (n,)
+        response[running, t] = tokens.masked_fill(ended, pad_id)           # an ended row's tokens are discarded
+        if logp is not None:
+            new = torch.log_softmax(logits / temperature, -1).gather(1, tokens[:, None])[:, 0]
+            logp[running, t] = torch.where(ended, logp[running, t], new)
+        ids = torch.cat([ids, tokens[:, None]], dim=1)
+        mask = torch.cat([mask, mask.new_ones(len(mask), 1)], dim=1)
+        position = position + (~ended[:, None]).long()   # an ended row stays at its place (learned positions end)
+        ended |= torch.isin(tokens, eos) | (budgets[running] <= t + 1)        # an EOS, or the row's budget spent
+        if stop is not None:
+            ended |= stop(ids, scores)
+        # the step's one host sync: how many rows have ended (whether all have, whether enough to leave)
+        n_ended = int(ended.sum())
+        if n_ended == len(running):
+            return response[:, :t + 1]
+        if n_ended and n_ended >= leave_at * len(running):
+            keep = (~ended).nonzero().squeeze(1)
+            running, ids, mask, position, ended = running[keep], ids[keep], mask[keep], position[keep], ended[keep]
+            cache.reorder_cache(keep)
+    return response
+
+
+def _prefill(model, prompt_ids, prompt_mask, positions, owner, group_size: int, max_new_tokens: int, share: bool):
+    """Run the B prompts but their last token once; -> (the decode cache for the N rows, the model's configs,
+    whether attention runs in two parts), or (None, ...) when the cache is not one the loop can copy."""
+    P = prompt_ids.shape[1]
     extra = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
     prefill = model(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1],
                     position_ids=positions[:, :-1], use_cache=True, **extra)
     cache, prefill = prefill.past_key_values, None
     if not _plain_attention_cache(cache):
-        return None
+        return None, None, False
     # the two-part attention needs every layer's cache in its hands (a sliding-window layer keeps transformers'
     # mask), and fp32 (the two parts are rounded apart: in bf16 that changes samples)
     configs = _configs(model)
-    shared = _shares_prefix(model, configs) and all(type(layer) is DynamicLayer and layer.keys.dtype == torch.float32
-                                             for layer in cache.layers)
+    shared = share and _shares_prefix(model, configs) and all(
+        type(layer) is DynamicLayer and layer.keys.dtype == torch.float32 for layer in cache.layers)
     for i, layer in enumerate(cache.layers):
         if shared and type(layer) is DynamicLayer:     # the prompt's K, V kept once, the rows' own after it
             cache.layers[i] = _SharedPrefix(layer, prompt_mask[:, :-1], group_size, max_new_tokens)
@@ -78,34 +138,105 @@ def _decode(model, prompt_ids, prompt_mask, group_size, max_new_tokens, warpers,
             layer.reorder_cache(owner)
             if type(layer) is DynamicLayer:
                 cache.layers[i] = _Preallocated(layer, P - 1 + max_new_tokens)
-    ids, mask = prompt_ids[owner], prompt_mask[owner]                            # (n, P+t) each, t steps done
-    position = positions[owner, -1:]                                             # (n, 1) the next token's
-    running = torch.arange(N, device=prompt_ids.device)       # (n,) the rows still decoding, in batch order
-    eos = torch.tensor(eos_ids, device=prompt_ids.device)
-    response = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=prompt_ids.device)
-    for t in range(max_new_tokens):
-        with _attention(configs, cache if shared else None):   # shared: the prompt's padding is the cache's to mask
-            scores = model(input_ids=ids[:, -1:], attention_mask=None if shared else mask, position_ids=position,
-                           past_key_values=cache, use_cache=True).logits[:, -1].float()                   # (n, V)
-        for warp in warpers:
-            scores = warp(ids, scores)
-        # every row's uniforms are drawn, so that each row's noise is the one generate would give it
-        tokens = gumbel_argmax(scores, gumbel_uniforms(N, scores.shape[1], scores.device, generator)[running]) \
-            if noise else scores.argmax(-1)                                                                # (n,)
-        response[running, t] = tokens
-        ids = torch.cat([ids, tokens[:, None]], dim=1)
-        mask = torch.cat([mask, mask.new_ones(len(mask), 1)], dim=1)
-        position = position + 1
-        done = torch.isin(tokens, eos) | (budgets[running] <= t + 1)          # an EOS, or the row's budget spent
-        if stop is not None:
-            done |= stop(ids, scores)
-        if bool(done.all()):
-            return response[:, :t + 1]
-        if bool(done.any()):
-            keep = (~done).nonzero().squeeze(1)
-            running, ids, mask, position = running[keep], ids[keep], mask[keep], position[keep]
-            cache.reorder_cache(keep)
-    return response
+    return cache, configs, shared
+
+
+def finished_rows_leave_at(device: torch.device) -> float:
+    """The share of the batch's rows that must have ended before they leave it (their cache copied out). On CPU
+    every row costs its compute: a row leaves as it ends. On a GPU a decode step's time hardly depends on the
+    rows (it reads the weights once), while each departure copies every layer's cache: ended rows stay, their
+    tokens discarded, until a quarter of the batch has ended, so a batch of N rows is compacted ~log(N)/log(4/3)
+    times instead of up to N. Either way the rows that continue sample the same tokens (up to the rounding of
+    other batch shapes), and the one host sync a step is the count of ended rows."""
+    # device-branch: decode/rows-leave
+    return 0.0 if device.type == "cpu" else 0.25
+
+
+# --- the check: does the decode loop serve this model? ---------------------------------------------------------
+# The loop assumes what a model's cache and attention hold: per-layer keys and values that each step appends to,
+# which attention reads as they are (so that a prompt's may be kept once for its group), and a forward that takes
+# position ids and the cache. Where one does not hold (DeepSeek-V3's MLA caches a compressed latent and expands
+# it after the cache; a custom cache class; a forward without position ids), running the loop once on a short
+# batch shows it: by an error, or by scores that are not those of one forward over the sequence. The model is
+# then served by the loop without the two-part attention, or by generate, with a warning that says why.
+
+PATHS = ("shared", "one-buffer")        # the two-part attention over a prompt kept once; each row's own copy
+_PATHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()    # model -> one of PATHS, or why neither
+
+
+def check_model(model) -> str | None:
+    """None when the decode loop serves `model` (rollout.sample's fast path), else why not (generate serves it).
+    Runs the loop once (2 prompts x 2 rows, 3 greedy tokens, 4 forward passes) the first time a model is seen:
+    call it at load to pay that there; `decode` calls it otherwise."""
+    path = _path(model)
+    return None if path in PATHS else path
+
+
+def _path(model) -> str:
+    with _DECODING:
+        if model not in _PATHS:
+            errors = {}
+            for path in PATHS:
+                errors[path] = _probe(model, share=path == "shared")
+                if errors[path] is None:
+                    break
+            _PATHS[model] = path if errors[path] is None else (
+                f"minirl's decode loop does not serve {type(model).__name__}, so rollouts use transformers' "
+                f"generate (slower, the same samples): {errors['one-buffer']}")
+            if errors[path] is not None or path != PATHS[0] and _shares_prefix(model, _configs(model)):
+                warnings.warn(_PATHS[model] if errors[path] else "minirl's decode loop reads each row's own copy "
+                              f"of its prompt's keys and values for {type(model).__name__}: {errors['shared']}")
+        return _PATHS[model]
+
+
+def _probe(model, share: bool) -> str | None:
+    """Greedy decoding of 2 prompts (one left-padded) x 2 rows, 3 tokens, each step's scores kept, against one
+    forward over the whole sequences: None when they agree, else what went wrong. Run with autocast off (the
+    model as it is: fp32 weights compute fp32), or under bf16 autocast where that fails (a kernel that takes only
+    half precision, such as flash-attn). Tolerance: 1e-4 in fp32; in half precision the rounding of two
+    differently batched passes, 8 u max|logit| (u its unit roundoff; as logprobs.check_exact's prompt sharing,
+    measured there on SmolLM2-135M in bf16), which a wrong prefix or a lost row exceeds."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        # device-branch: decode/check-autocast (the caller's autocast, e.g. a bf16 rollout, is off for the check)
+        with torch.no_grad(), torch.autocast(device.type, enabled=False):
+            got, want = _probe_scores(model, share, device)
+    except Exception as e:  # noqa: BLE001  (any assumption that fails: a shape, a cache class, an argument)
+        try:  # device-branch: decode/check-autocast (a kernel that takes only half precision: flash-attn)
+            with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+                got, want = _probe_scores(model, share, device)
+        except Exception:  # noqa: BLE001
+            return f"{type(e).__name__}: {e}"
+    finally:
+        model.train(was_training)
+    if got is None:
+        return "its cache holds more than per-layer keys and values (e.g. recurrent states)"
+    u = torch.finfo(want.dtype).eps / 2
+    tolerance = max(1e-4, 8 * u * float(want.float().abs().max()))
+    error = float((torch.log_softmax(got, -1) - torch.log_softmax(want.float(), -1)).abs().max())
+    if not error <= tolerance:                                                           # also NaN
+        return f"its scores differ from one forward over the sequence by {error:.3g} (> {tolerance:.3g})"
+    return None
+
+
+def _probe_scores(model, share: bool, device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The decode loop's scores (4, R, V) fp32 and the logits one forward gives at the same places, or Nones
+    when the loop does not take the model's cache."""
+    V = getattr(getattr(model, "config", None), "vocab_size", None) or 64
+    P, R, owner = 6, 3, torch.tensor([0, 0, 1, 1], device=device)
+    ids = (torch.arange(2 * P, device=device).view(2, P) * 7 + 3) % V                   # (2, P)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    steps = []
+    response = _decode(model, ids, mask, 2, R, [lambda ids, scores: steps.append(scores) or scores], False, [-1],
+                       0, None, None, None, share=share)                                 # (4, R), no row ends
+    if response is None:
+        return None, None
+    full, full_mask = torch.cat([ids[owner], response], 1), torch.cat([mask[owner], torch.ones_like(response)], 1)
+    logits = model(input_ids=full, attention_mask=full_mask, position_ids=position_ids_from_mask(full_mask)).logits
+    return torch.stack(steps, 1), logits[:, P - 1:P - 1 + R]                             # (4, R, V) each
 
 
 @contextlib.contextmanager
@@ -116,12 +247,14 @@ def _packed_linears(model, rows: int):
     takes ~50 ms for 135M parameters and holds a second copy of them during the call. Modules that already
     have a forward of their own (accelerate's hooks), other dtypes, devices and tensor types run as before."""
     swapped = []
-    if torch.backends.mkldnn.is_available() and not torch.is_autocast_enabled("cpu"):
+    if packs_linears(model):
         for module in model.modules():
             w, b = getattr(module, "weight", None), getattr(module, "bias", None)
+            # device-branch: decode/packed-linears
             if type(module) is not torch.nn.Linear or "forward" in module.__dict__ or \
                     type(w) is not torch.nn.Parameter or w.device.type != "cpu" or w.dtype != torch.float32:
                 continue
+            # device-branch: decode/packed-linears
             packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), rows)
             bias = None if b is None else b.detach()
             module.forward = functools.partial(_packed_linear, module, packed, bias, threading.get_ident())
@@ -133,215 +266,22 @@ def _packed_linears(model, rows: int):
             module.__dict__.pop("forward", None)
 
 
+def packs_linears(model) -> bool:
+    """Whether a decode call packs the model's fp32 CPU Linear weights: oneDNN is there and CPU autocast is off
+    (autocast runs F.linear in bf16). On a GPU nothing is packed (the weights are not on the CPU); tests override
+    this to run that side on CPU."""
+    # device-branch: decode/packed-linears
+    return torch.backends.mkldnn.is_available() and not torch.is_autocast_enabled("cpu")
+
+
 def _packed_linear(module: torch.nn.Linear, packed: torch.Tensor, bias: torch.Tensor | None, thread: int,
                    x: torch.Tensor) -> torch.Tensor:
     """The packed matmul for the decoding thread; any other caller (a trainer's thread, autograd) gets the
     module's own forward."""
     if threading.get_ident() != thread or torch.is_grad_enabled():
         return torch.nn.Linear.forward(module, x)
+    # device-branch: decode/packed-linears
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-
-
-class _Preallocated(DynamicLayer):
-    """One layer's keys and values in buffers sized for the whole rollout (prompt + max_new_tokens), each step's
-    written in place: DynamicLayer appends with torch.cat, which copies the layer's whole cache at every step
-    (a third of a 64 x 256 rollout's time on CPU). `keys` and `values` are views of the filled part, so
-    attention reads what it would read from DynamicLayer, and the layer is DynamicLayer for everything else."""
-
-    def __init__(self, layer: DynamicLayer, capacity: int):
-        super().__init__()
-        self.dtype, self.device, self.is_initialized = layer.dtype, layer.device, True
-        self._k, self._v = self._buffers(layer.keys, layer.values, capacity)
-        self._set_length(layer.keys.shape[-2])
-
-    @staticmethod
-    def _buffers(keys: torch.Tensor, values: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
-        out = []
-        for x in (keys, values):
-            buffer = x.new_empty(x.shape[:2] + (capacity, x.shape[-1]))
-            buffer[:, :, :x.shape[-2]] = x
-            out.append(buffer)
-        return out[0], out[1]
-
-    def _set_length(self, length: int) -> None:
-        self.length = length
-        self.keys, self.values = self._k[:, :, :length], self._v[:, :, :length]
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        end = self.length + key_states.shape[-2]
-        self._k[:, :, self.length:end] = key_states
-        self._v[:, :, self.length:end] = value_states
-        self._set_length(end)
-        return self.keys, self.values
-
-    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
-        """Keep rows `beam_idx` (the rows still running): only the filled part is copied."""
-        idx = beam_idx.to(self._k.device)
-        self._k, self._v = self._buffers(self.keys[idx], self.values[idx], self._k.shape[2])
-        self._set_length(self.length)
-
-    batch_select_indices = reorder_cache
-
-
-# --- attention over a prompt shared by its group ------------------------------------------------------------
-# The G rows of a group attend to the same prompt keys and values. `_SharedPrefix` keeps those once per prompt,
-# and `_shared_prefix_attention` (transformers' sdpa attention for every other call) attends in two parts: the
-# group's queries together over its prompt (one read of the prompt's K, V for G rows, as vLLM's prefix cache
-# gives), each row over its own tokens, then the two softmaxes merged by their log-sum-exp. The result is
-# attention over the concatenation, up to float rounding.
-
-SHARED_PREFIX = "minirl_shared_prefix"
-_active = threading.local()          # .cache: the decode cache of this thread's decoding call
-
-
-def _configs(model) -> list:
-    """The distinct configs the model's modules read (their attention implementation among them)."""
-    return list({id(m.config): m.config for m in model.modules() if hasattr(m, "config")}.values())
-
-
-def _shares_prefix(model, configs: list) -> bool:
-    """Whether the decode loop can attend in two parts: sdpa through transformers' attention interface, which the
-    two-part function stands in for (Falcon's alibi path tests the name itself), and plain keys (no softcap)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return getattr(inner, "_supports_attention_backend", False) and bool(configs) and \
-        all(getattr(c, "_attn_implementation", None) == "sdpa" for c in configs)
-
-
-@contextlib.contextmanager
-def _attention(configs: list, cache):
-    """With `cache` (a decode cache of _SharedPrefix layers): the model's attention is the two-part one for
-    this call, in this thread."""
-    if cache is None:
-        yield
-        return
-    _register()
-    # the attribute behind transformers' property, whose setter would also overwrite every sub-config
-    field = "_attn_implementation_internal" if all(hasattr(c, "_attn_implementation_internal") for c in configs) \
-        else "_attn_implementation"
-    before, outer = [getattr(c, field) for c in configs], getattr(_active, "cache", None)
-    _active.cache = cache
-    try:
-        for c in configs:
-            setattr(c, field, SHARED_PREFIX)
-        yield
-    finally:
-        for c, value in zip(configs, before):
-            setattr(c, field, value)
-        _active.cache = outer
-
-
-@functools.cache
-def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    AttentionInterface.register(SHARED_PREFIX, _shared_prefix_attention)
-    AttentionMaskInterface.register(SHARED_PREFIX, sdpa_mask)    # the mask sdpa gets: the fallback uses it
-
-
-def _shared_prefix_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
-                             scaling: float | None = None, **kwargs):
-    """transformers' attention-function signature. query (n, H, 1, D); key, value: what _SharedPrefix.update
-    returned (the rows' own tokens, (n, Hkv, t, D)). Anything but a one-token step over a _SharedPrefix layer
-    with plain keys (another thread's call, a sliding-window layer, softcapping, sinks) goes to sdpa, with the
-    full keys and values rebuilt for a _SharedPrefix layer."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    cache = getattr(_active, "cache", None)
-    layer = cache.layers[module.layer_idx] if cache is not None else None
-    if not isinstance(layer, _SharedPrefix):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    plain = query.shape[2] == 1 and not dropout and all(
-        kwargs.get(k) is None for k in ("softcap", "sliding_window", "s_aux", "position_bias"))
-    if not plain:
-        key, value, mask = layer.full(key, value)
-        if attention_mask is not None:       # a mask of transformers' making for this call (e.g. a window)
-            mask = mask.masked_fill(~attention_mask, float("-inf")) if attention_mask.dtype == torch.bool \
-                else mask + attention_mask
-        return sdpa_attention_forward(module, query, key, value, mask, dropout, scaling, **kwargs)
-    return layer.attend(query, key, value, scaling), None
-
-
-class _SharedPrefix(_Preallocated):
-    """One layer's decode cache: the B prompts' keys and values (B, Hkv, P-1, D) once, and the rows' own tokens
-    in `_Preallocated`'s buffer (N, Hkv, R, D). `rows`: the rows still running (their index among the N); row r
-    belongs to prompt r // G."""
-
-    def __init__(self, layer: DynamicLayer, prefix_mask: torch.Tensor, group_size: int, capacity: int):
-        B, heads, P1, D = layer.keys.shape
-        own = DynamicLayer()                           # no token of its own yet, for each of the N rows
-        own.update(*(x.new_empty((B * group_size, heads, 0, D)) for x in (layer.keys, layer.values)))
-        super().__init__(own, capacity)
-        self.prompt_k, self.prompt_v = layer.keys, layer.values
-        self.G, self.P1 = group_size, P1
-        # additive mask over the prompt keys: -inf at left padding; (B, 1, 1, P-1), the queries' dtype
-        self.prompt_bias = torch.zeros(B, 1, 1, P1, dtype=layer.dtype, device=layer.device).masked_fill(
-            ~prefix_mask.bool()[:, None, None, :], float("-inf"))
-        self.no_prefix = ~prefix_mask.bool().any(1)     # (B,) one-token prompts: nothing before their last token
-        self._running(torch.arange(B * group_size, device=layer.device))
-
-    def _running(self, rows: torch.Tensor) -> None:
-        """Set when rows leave, read by every step: each row's prompt and place in its group, which have no prefix."""
-        self.rows, self.owner, self.slot = rows, rows // self.G, rows % self.G
-        empty = self.no_prefix[self.owner]
-        self.empty = empty if bool(empty.any()) else None
-
-    def get_seq_length(self) -> int:
-        return self.P1 + self.length                   # what the mask and the positions count
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.get_seq_length() + query_length, 0
-
-    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
-        """Keep rows `beam_idx` of those running: only their own tokens are copied."""
-        self._running(self.rows[beam_idx.to(self.device)])
-        super().reorder_cache(beam_idx)
-
-    batch_select_indices = reorder_cache
-
-    def full(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Each running row's keys and values over the whole sequence (n, Hkv, P-1+t, D), and the additive mask
-        of its prompt's padding (n, 1, 1, P-1+t): the fallback."""
-        owner = self.owner
-        mask = torch.cat([self.prompt_bias[owner], self.prompt_bias.new_zeros(len(owner), 1, 1, key.shape[2])], 3)
-        return torch.cat([self.prompt_k[owner], key], 2), torch.cat([self.prompt_v[owner], value], 2), mask
-
-    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None):
-        """Attention of the running rows' one query each (n, H, 1, D) over their prompt and their own tokens;
-        returns (n, 1, H, D), as transformers' attention functions do."""
-        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu if query.device.type == "cpu" \
-            else _attention_with_lse
-        n, H, _, D = query.shape
-        B, kv_heads = self.prompt_k.shape[:2]
-        rep = H // kv_heads                             # query heads per key head (GQA): head h reads h // rep
-        q = query.reshape(n, kv_heads, rep, D)
-        everyone = n == B * self.G                      # every row running: the groups are the batch's rows
-        if everyone:
-            grouped = q.view(B, self.G, kv_heads, rep, D).transpose(1, 2)
-        else:                                           # the running rows' queries at their place in the group
-            grouped = q.new_zeros(B, kv_heads, self.G, rep, D)
-            grouped[self.owner, :, self.slot] = q
-        out_p, lse_p = flash(grouped.reshape(B, kv_heads, self.G * rep, D), self.prompt_k, self.prompt_v,
-                             attn_mask=self.prompt_bias, scale=scale)
-        parts = out_p.view(B, kv_heads, self.G, rep, D), lse_p.view(B, kv_heads, self.G, rep, 1)
-        out_p, lse_p = [x.transpose(1, 2).reshape(n, kv_heads, rep, -1) if everyone else x[self.owner, :, self.slot]
-                        for x in parts]                                             # (n, Hkv, rep, D or 1)
-        if self.empty is not None:
-            # a prompt of one token has no prefix: its part must weigh 0 (the flash op gives lse 0, not -inf)
-            lse_p = lse_p.masked_fill(self.empty[:, None, None, None], float("-inf"))
-            out_p = out_p.masked_fill(self.empty[:, None, None, None], 0.0)
-        out_r, lse_r = flash(q, key, value, scale=scale)                                       # own tokens
-        # the two softmaxes merged: the prompt part's share of the total mass is sigmoid(lse_p - lse_r)
-        out = torch.lerp(out_r, out_p, torch.sigmoid(lse_p - lse_r[..., None]))
-        return out.reshape(n, 1, H, D).to(query.dtype)
-
-
-def _attention_with_lse(q, k, v, attn_mask=None, scale=None):
-    """(softmax(q k^T * scale + mask) v, logsumexp) in plain torch, for devices without the CPU flash op."""
-    scores = (q @ k.transpose(-1, -2)).float() * (q.shape[-1] ** -0.5 if scale is None else scale)
-    if attn_mask is not None:
-        scores = scores + attn_mask
-    lse = scores.logsumexp(-1)
-    weights = (scores - lse[..., None]).exp().nan_to_num(0.0)     # a fully masked row: 0, not NaN
-    return weights.to(v.dtype) @ v, lse
 
 
 def _accepts(model, argument: str) -> bool:

@@ -104,13 +104,19 @@ class NoiseSteps:
         self.rows, self.generator, self.states = rows, generator, []
 
     def draw(self, t: int, vocab: int, device) -> torch.Tensor:
-        source = self.generator or (torch.cuda.default_generators[device.index or 0] if device.type == "cuda"
-                                    else torch.default_generator)
+        source = self.generator or global_generator(device)
         if t == len(self.states):
             self.states.append(source.get_state())
             return gumbel_uniforms(self.rows, vocab, device, self.generator)
         replay = torch.Generator(device).set_state(self.states[t])
         return gumbel_uniforms(self.rows, vocab, device, replay)
+
+
+def global_generator(device: torch.device) -> torch.Generator:
+    """torch's global generator of `device`: the one an unseeded draw there advances."""
+    if device.type == "cuda":  # device-branch: generate/cuda-generator
+        return torch.cuda.default_generators[device.index or 0]
+    return torch.default_generator
 
 
 class GroupNoise(LogitsProcessor):

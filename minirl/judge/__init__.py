@@ -9,7 +9,7 @@ verdict) and compare.py (outputs), compile.py, worker_sandbox.py, sandbox.py and
 stdio.py (what a run reads and writes), host.py and cgroup.py (the host's folders, uids, cgroups).
 """
 from minirl.judge.pool import Judge, default_workers, main, require_isolation
-from minirl.judge.verdict import CXX_FLAGS, LANGUAGES, VERDICTS, JudgeResult, judge_job, outputs_match
+from minirl.judge.verdict import CXX_FLAGS, JUDGE_ERROR, LANGUAGES, VERDICTS, JudgeResult, judge_job, outputs_match
 
 __all__ = ["Judge", "require_isolation", "JudgeResult", "judge_job", "outputs_match", "default_workers", "main",
-           "CXX_FLAGS", "LANGUAGES", "VERDICTS"]
+           "CXX_FLAGS", "LANGUAGES", "VERDICTS", "JUDGE_ERROR"]

@@ -96,7 +96,9 @@ def cache_limit_bytes() -> int:
 
 
 def _cache_add(path: Path) -> None:
-    """Count a new entry; past the cap, evict the least recently used (mtime, refreshed on every hit)."""
+    """Count a new entry; past the cap, evict the least recently used (mtime, refreshed on every hit) of those no
+    job holds. A job's binary is a hard link to its entry (`compile_cpp`'s `keep`): it counts here, and evicting
+    it would free nothing until the job ends (round 5: jobs' own copies held 726-1,090 MiB beside a 256 MiB cap)."""
     global _cache_bytes
     with _cache_lock:
         if _cache_bytes is None:
@@ -109,14 +111,14 @@ def _cache_add(path: Path) -> None:
         for e in os.scandir(_bin_dir()):
             try:
                 st = e.stat()
-                entries.append((st.st_mtime, st.st_size, e.path))
+                entries.append((st.st_mtime, st.st_size, e.path, st.st_nlink > 1))
             except OSError:
                 pass
-        total = sum(size for _, size, _ in entries)
-        for _, size, p in sorted(entries):
+        total = sum(entry[1] for entry in entries)
+        for _, size, p, held in sorted(entries):
             if total <= 0.8 * cache_limit_bytes():
                 break
-            if p != str(path):                         # never the entry its caller is about to use
+            if p != str(path) and not held:            # never the entry its caller is about to use
                 Path(p).unlink(missing_ok=True)
                 total -= size
         _cache_bytes = total
@@ -134,12 +136,15 @@ def _cached(key: str) -> tuple[Path | None, str | None]:
     return None, None
 
 
-def _store(key: str, built: Path | None, message: str) -> Path | None:
+def _store(key: str, built: Path | None, message: str, keep: Path | None = None) -> Path | None:
+    """Cache a binary (linked at `keep` too, before eviction can see it) or a compile error."""
     target = _bin_dir() / (key if built else f"{key}.ce")
     tmp = unique_tmp(target)
     if built:
         shutil.copy(built, tmp)
         os.chmod(tmp, 0o755)
+        if keep is not None:
+            os.link(tmp, keep)
     else:
         tmp.write_text(message)
     os.replace(tmp, target)
@@ -152,8 +157,9 @@ def _store(key: str, built: Path | None, message: str) -> Path | None:
 def compile_cpp(source: str, flags: tuple[str, ...], sandbox: Sandbox,
                 keep: Path | None = None) -> tuple[Path | None, str, float]:
     """Binary path (or None), compiler message, seconds spent compiling (0 when cached). With `keep`, the binary
-    is also linked there and that path returned: the caller's own, whatever the cache evicts later (a hit evicted
-    before it could be linked is compiled again)."""
+    is also linked there (a hard link to the cache's entry, never a copy) and that path returned: the caller's
+    own, whatever the cache evicts later (a hit evicted before it could be linked is compiled again); the cache
+    counts it and evicts it only once `keep` is gone."""
     key = hashlib.sha256(("\0".join(flags) + "\0" + source).encode()).hexdigest()
     binary, error = _cached(key)
     if error is not None:
@@ -174,10 +180,8 @@ def compile_cpp(source: str, flags: tuple[str, ...], sandbox: Sandbox,
         # (31 s of compiler CPU on every resubmission of a compile bomb otherwise): cached, as any CE
         if rc in (SANDBOX_ERROR, "timeout"):
             return None, message, seconds
-        if rc == 0 and keep is not None:       # a copy: the build is the compiling uid's, the copy root's
-            shutil.copy(work / "main", keep)
-            os.chmod(keep, 0o755)
-        stored = _store(key, work / "main" if rc == 0 else None, message)
+        # the cache's copy (root's: the build is the compiling uid's), linked at `keep`: one file on disk
+        stored = _store(key, work / "main" if rc == 0 else None, message, keep if rc == 0 else None)
         return (keep or stored) if rc == 0 else None, message, seconds
     finally:
         remove_tree(work)

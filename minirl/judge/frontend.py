@@ -2,8 +2,7 @@
 one job of `run_many`, the check of the jobs' languages, and `with`."""
 from __future__ import annotations
 
-from minirl.judge.compile import MESSAGE_LIMIT
-from minirl.judge.verdict import LANGUAGES, JudgeResult
+from minirl.judge.verdict import LANGUAGES, JudgeResult, judge_error
 
 
 class JudgeFrontend:
@@ -23,8 +22,6 @@ class JudgeFrontend:
         for job in jobs:
             if job["language"] not in LANGUAGES:
                 raise ValueError(f"unsupported language {job['language']!r}; use 'cpp' or 'python'")
-            if job.get("checker"):
-                raise ValueError("special checkers are judged by a local Judge only (judge_backend: local)")
 
     def close(self) -> None:
         pass
@@ -37,6 +34,6 @@ class JudgeFrontend:
 
 
 def unjudged(message: str, total: int) -> JudgeResult:
-    """The verdict of a job that no judge could take (every server down, no node alive): RE with no test
-    counted, its message starting "judge error" as verdict.judge_error's; never raised."""
-    return JudgeResult("RE", 0, total, message=f"judge error: {message}"[:MESSAGE_LIMIT])
+    """The result of a job that no judge could take (every server down, no node alive): JE, "judge error", with
+    no test counted (verdict.judge_error); never raised, and never a verdict on the program."""
+    return judge_error(message, total)

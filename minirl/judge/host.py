@@ -88,6 +88,46 @@ def stage_dir() -> Path:
         return STAGE
 
 
+SYSROOTS = Path("/run/minirl-judge-sysroot")
+# the workers' copies of the system files (sysroot.py, ~57 MB each): in RAM and never swapped (noswap, Linux 6.4+),
+# so that every page of them is resident for every run and no run can leave a cold page warm for the next one
+SYSROOT_OPTIONS = "mode=700,nosuid,nodev,size=4g,nr_inodes=1048576"
+_sysroot_checked: Path | None = None
+
+
+def sysroot_dir() -> Path:
+    """Where the workers' copies of the system files live: a tmpfs of the judge's own, mounted once per host
+    (noswap where the kernel has it). A page of a file on disk is cached or not, and a run could tell which (a
+    major fault in getrusage, or the time of a read: round 5's channel between consecutive runs of one worker);
+    a tmpfs page is always in memory. Where no tmpfs can be mounted: the cache folder, with a warning."""
+    global _sysroot_checked
+    with _stage_lock:
+        if _sysroot_checked is not None and (_sysroot_checked != SYSROOTS or os.path.ismount(SYSROOTS)):
+            return _sysroot_checked
+        SYSROOTS.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open(SYSROOTS.with_name(SYSROOTS.name + ".lock"), "w") as lock:   # judges of other processes
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            error = ""
+            if not os.path.ismount(SYSROOTS):
+                for options in (f"{SYSROOT_OPTIONS},noswap", SYSROOT_OPTIONS):
+                    try:
+                        r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(SYSROOTS)],
+                                           capture_output=True, text=True)
+                        error = r.stderr.strip() if r.returncode else ""
+                    except OSError as e:    # no mount(8)
+                        error = str(e)
+                    if not error:
+                        if "noswap" not in options:
+                            log.warning("the copies of the system files are on a tmpfs without noswap (a kernel "
+                                        "before 6.4): under swap pressure a page of them may leave memory")
+                        break
+            _sysroot_checked = SYSROOTS if not error else cache_dir()
+            if error:
+                log.warning("cannot mount a tmpfs for the programs' copies of the system files (%s): they stay "
+                            "on disk, where one run can leave a page cached for the next", error)
+        return _sysroot_checked
+
+
 def job_folder(prefix: str) -> Path:
     """A new private folder in the cache for one job's host-side files, named after this process
     (`<prefix>-<pid>-...`), so that a later judge can tell it from a live judge's and remove it."""

@@ -20,9 +20,12 @@ Speed: C++ is compiled once per unique (source, flags), against a force-included
 then share the tests of all prepared ones, so the last work of a batch is short tests spread over all cores,
 not one long compile on one core while the others idle. One program's verdict (compiling, running its tests, comparing outputs, the result
 the sequential judge gives whatever order its tests ran in) is minirl/judge/verdict.py; this file is the pool.
+Siblings (samples of one problem: the same tests) never have tests running at once, in any of this Judge's
+run_many calls (`_Batch`): no channel between programs judged at once can join a correct sample and its siblings.
 
 Failures are verdicts: whatever a program does, `run`/`run_many` return a result for it (a failure of the judge
-itself on one job is logged and returned as RE); only a call the caller got wrong (an unknown language) raises.
+itself on one job, a worker's sandbox that died mid-run included, is logged and returned as JE, "judge error":
+no verdict on the program); only a call the caller got wrong (an unknown language) raises.
 
 Isolation: minirl/judge/sandbox.c, worker_sandbox.py and sandbox.py (a new root per program, seccomp, cgroups,
 leased uids; `Judge.isolation` says which mode this machine allows, minirl/judge/README.md what each
@@ -30,6 +33,7 @@ guarantees, `require_isolation` refuses the weak ones for model output unless th
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -42,8 +46,8 @@ from minirl.judge.compile import pch_dir
 from minirl.judge.sandbox import Sandbox, isolation_mode
 from minirl.judge.worker_sandbox import WorkerSandbox
 from minirl.judge.host import core_pattern_warning, lease_uids, remove_orphans
-from minirl.judge.verdict import (CXX_FLAGS, LANGUAGES, VERDICTS, Job, JudgeResult, Worker, judge_error,  # noqa: F401
-                            finish, judge_job, outputs_match, prepare)
+from minirl.judge.verdict import (CXX_FLAGS, JUDGE_ERROR, LANGUAGES, VERDICTS, Job, JudgeResult, Worker,  # noqa: F401
+                            finish, judge_error, judge_job, outputs_match, prepare)
 
 log = logging.getLogger(__name__)
 WEAK = {  # the modes short of "namespaces", and what each loses
@@ -59,22 +63,48 @@ def default_workers() -> int:
     return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
+def problem_key(spec: dict) -> str:
+    """What makes two jobs siblings: the same tests (inputs and expected outputs) and the same checker."""
+    h = hashlib.sha256()
+    for test in spec["tests"]:
+        for text in (test.get("input", ""), test.get("output", "")):
+            data = text.encode(errors="surrogatepass")
+            h.update(len(data).to_bytes(8, "little") + data)
+    h.update(json.dumps(spec.get("checker"), sort_keys=True).encode(errors="surrogatepass"))
+    return h.hexdigest()
+
+
 class _Batch:
     """One `run_many` call's work: jobs not started yet, jobs being prepared, and prepared jobs whose tests any
     worker may take. Starting (compiling) comes first: tests wait for a worker with nothing left to start, so
-    the compiles, the long part of a C++ batch, are never the last work left while the other cores idle."""
+    the compiles, the long part of a C++ batch, are never the last work left while the other cores idle.
 
-    def __init__(self, jobs: list[dict]):
+    Siblings never overlap: jobs that answer the same problem (`problem_key`: the same tests and checker) never
+    have tests running at the same time, in this batch or in any other of the same Judge (`holders` and `cond`
+    are the Judge's: the server's clients and a Ray node's chunks are separate batches). A job holds its problem
+    from its first test taken until its last one ran; the other workers meanwhile take tests of other problems
+    (or more of the same job's). So whatever channel two programs judged at once might find, a correct sample
+    never shares a moment with its siblings, the ones that could use its answer (round 5: host-wide inode
+    counters carried it, without timing). A holder's batch always has a worker (the one that took its test) to
+    run the rest, so a batch waiting for a problem waits for that job's end, never for ever."""
+
+    def __init__(self, jobs: list[dict], cond: threading.Condition | None = None,
+                 holders: dict[str, tuple] | None = None):
         self.jobs = jobs
         self.results: list[JudgeResult | None] = [None] * len(jobs)
-        self._cond = threading.Condition()
+        self._cond = cond or threading.Condition()
         self._next = 0            # the next job to start
         self._preparing = 0       # jobs being compiled: their tests will soon be there to take
         self._running: list[tuple[int, Job]] = []  # (index, job) of prepared jobs with tests left to hand out
+        keys: dict[int, str] = {}                  # id(tests) -> key: a group's samples often share one list
+        self._key = [keys.setdefault(id(j["tests"]), problem_key(j)) for j in jobs]
+        self._holder = {} if holders is None else holders   # problem -> (batch, job) whose tests are running
+        self._taken = [0] * len(jobs)              # tests of each job taken and not yet run to the end
 
-    def next_work(self) -> int | tuple[int, Job] | None:
-        """The index of a job to start; else the running job with most tests left to take; else None once no
-        more work can come (while a job is still being prepared, wait for it: its tests are work)."""
+    def next_work(self) -> int | tuple[int, Job, int] | None:
+        """The index of a job to start; else (index, job, test) of a test taken from the running job with most
+        tests left whose problem no other job holds; else None once no more work can come (while a job is still
+        being prepared, or a sibling waits for its problem, wait: that is work to come)."""
         with self._cond:
             while True:
                 if self._next < len(self.jobs):
@@ -83,11 +113,24 @@ class _Batch:
                     return self._next - 1
                 left = [(kj[1].left(), kj) for kj in self._running]
                 self._running = [kj for n, kj in left if n]  # a job never gets more tests to hand out
-                if self._running:
-                    return max(left, key=lambda n_kj: n_kj[0])[1]
-                if not self._preparing:
+                free = [(n, kj) for n, kj in left
+                        if n and self._holder.get(self._key[kj[0]], (self, kj[0])) == (self, kj[0])]
+                for _, (k, job) in sorted(free, key=lambda n_kj: -n_kj[0]):
+                    if (i := job.take()) is not None:
+                        self._holder[self._key[k]] = (self, k)
+                        self._taken[k] += 1
+                        return k, job, i
+                if not self._running and not self._preparing:
                     return None
                 self._cond.wait()
+
+    def ran(self, k: int, job: Job) -> None:
+        """A test of job `k` (from `next_work`) ran: once none is left to take or running, its problem is free."""
+        with self._cond:
+            self._taken[k] -= 1
+            if not self._taken[k] and not job.left() and self._holder.get(self._key[k]) == (self, k):
+                del self._holder[self._key[k]]
+            self._cond.notify_all()
 
     def prepared(self, k: int, job: Job | None) -> None:
         """Job `k`'s preparation ended: its tests may be taken (None: it has none to run, e.g. CE)."""
@@ -119,6 +162,8 @@ class Judge:
         self.cgroups = Cgroups.detect() if cgroups and self.isolation != "rlimits" else None
         self.strict = False  # require_isolation(self, "strict"): refuse what the sandbox cannot hold here
         self._boxes: dict[int, WorkerSandbox] = {}  # uid -> its sandbox, kept open across run_many calls
+        self._schedule = threading.Condition()   # every batch's: siblings never overlap across run_many calls
+        self._holders: dict[str, tuple] = {}     # problem -> (batch, job) whose tests are running (_Batch)
         self._calls = 0                        # run_many calls in flight: close() waits for them
         self._calls_done = threading.Condition()
         pch_dir(self.cxx_flags)  # build the precompiled header once, up front
@@ -138,7 +183,7 @@ class Judge:
         for job in jobs:
             if job["language"] not in LANGUAGES:
                 raise ValueError(f"unsupported language {job['language']!r}; use 'cpp' or 'python'")
-        batch = _Batch(jobs)
+        batch = _Batch(jobs, self._schedule, self._holders)
         threads = [threading.Thread(target=self._worker, args=(batch,), name=f"judge-{k}", daemon=True)
                    for k in range(self.workers if jobs else 0)]
         with self._calls_done:
@@ -152,9 +197,9 @@ class Judge:
             with self._calls_done:
                 self._calls -= 1
                 self._calls_done.notify_all()
-        if any(r is None for r in batch.results):
-            raise RuntimeError("a judge worker died")  # a bug in the judge, not anything a program did
-        return batch.results
+        # a worker thread that died (a bug in the judge, not anything a program did) left its jobs unjudged
+        return [r if r is not None else judge_error("a judge worker died before judging it", len(j["tests"]))
+                for r, j in zip(batch.results, jobs)]
 
     def _worker(self, batch: _Batch) -> None:
         """Start jobs while any is left, then run the tests of prepared ones; whoever runs a job's last test
@@ -167,13 +212,15 @@ class Judge:
                 if isinstance(work, int):
                     self._start(batch, work, worker)
                     continue
-                k, job = work
-                if (i := job.take()) is not None:
+                k, job, i = work
+                try:
                     last = job.run(i, worker)
-                    if job.left() == 0:        # nothing more of it for this worker: unstage its file
-                        worker.done_with_job()
-                    if last:
-                        batch.results[k] = self._finish(job, batch.jobs[k])
+                finally:
+                    batch.ran(k, job)
+                if job.left() == 0:            # nothing more of it for this worker: unstage its file
+                    worker.done_with_job()
+                if last:
+                    batch.results[k] = self._finish(job, batch.jobs[k])
             worker.done_with_job()             # the batch is over for it (its job's last test went elsewhere)
         finally:
             self._uids.put(uid)
@@ -184,7 +231,7 @@ class Judge:
         job = None
         try:
             if spec.get("processes") and self.strict and self.cgroups is None:
-                batch.results[k] = JudgeResult("RE", 0, len(spec["tests"]), message=PROCESSES_NEED_CGROUPS)
+                batch.results[k] = JudgeResult(JUDGE_ERROR, 0, len(spec["tests"]), message=PROCESSES_NEED_CGROUPS)
                 return
             prepared = prepare(**{"cxx_flags": self.cxx_flags, **spec, "sandbox": worker.sandbox})
             if isinstance(prepared, JudgeResult):
@@ -224,7 +271,7 @@ class Judge:
 
 
 # Without cgroups, limits are per process: 64 children may each hold the memory limit, and a child reaped by the
-# kernel (SIGCHLD ignored) takes its CPU time with it. Under "strict", such a job is a judge error, never a verdict.
+# kernel (SIGCHLD ignored) takes its CPU time with it. Under "strict", such a job is a judge error (JE), never a verdict.
 PROCESSES_NEED_CGROUPS = ("judge error: processes=True needs cgroups under judge_isolation: strict (without them "
                           "each process has its own memory and CPU limits); refused")
 
@@ -232,7 +279,7 @@ PROCESSES_NEED_CGROUPS = ("judge error: processes=True needs cgroups under judge
 def require_isolation(judge: Judge, setting: str) -> Judge:
     """The judge, if its isolation is what `setting` ("strict" or "weak", the config's judge_isolation) accepts
     for model output; else it is closed and a RuntimeError says what the weak mode loses. Under "strict", a job
-    with processes=True on a judge without cgroups is refused (a judge error: RE with no test run)."""
+    with processes=True on a judge without cgroups is refused (a judge error: JE, no test run)."""
     if setting not in ("strict", "weak"):
         judge.close()
         raise ValueError(f"judge_isolation must be 'strict' or 'weak', got {setting!r}")

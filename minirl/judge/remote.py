@@ -18,11 +18,13 @@ Jobs run on a thread pool of `concurrency` requests per URL (the servers' judges
 only waits). Job k starts on URL k mod n, so the URLs are used in turn; a connection error, a timeout, a 5xx or
 a SandboxError marks that URL down for `cooldown_s` and sends the job to the next one (judging is pure: running
 a program twice gives the same verdict). When no server answers after `retries` rounds over all URLs, the
-job's verdict is RE with a message starting "judge error: no judge server answered" (and an error in the
-log), never an exception: a training run outlives its judges. A 4xx (a job the server refuses) is not retried.
+job's result is JE, a judge error, with a message starting "judge error: no judge server answered" (and an error
+in the log), never an exception and never a verdict on the program: the trainer leaves it out of the loss. A 4xx
+(a job the server refuses) is not retried (JE too).
 
-Left out: authentication (neither server has any; keep them on a private network), the special checker (a
-job with `checker` is refused: SandboxFusion has none, and minirl's /submit does not carry one).
+A job's special checker (`checker`) goes to minirl's server in /submit's `extra.minirl`; a SandboxFusion server
+has none, so such a job is refused there (a judge error that says so). Left out: authentication (neither server
+has any; keep them on a private network).
 """
 from __future__ import annotations
 
@@ -143,13 +145,15 @@ class RemoteJudge(JudgeFrontend):
                                        for t in job["tests"]]},
             "extra": {"minirl": {"memory_limit_mb": int(job.get("memory_limit_mb", 256)),
                                  "float_tolerance": job.get("float_tolerance"),
-                                 "processes": bool(job.get("processes", False))}}}}
+                                 "processes": bool(job.get("processes", False)),
+                                 **({"checker": job["checker"]} if job.get("checker") else {})}}}}
         reply = self._post(url + "/submit", body, self._timeout(job, len(job["tests"])))
         verdict = (reply.get("extra") or {}).get("minirl")
         if not isinstance(verdict, dict):
             raise Unavailable("the reply to /submit has no extra.minirl verdict")
-        if (verdict.get("verdict") == "RE" and not verdict.get("tests")  # a program's RE has its run
-                and str(verdict.get("message", "")).startswith("judge error")):
+        if verdict.get("verdict") == "JE" or (verdict.get("verdict") == "RE" and not verdict.get("tests")
+                                              and str(verdict.get("message", "")).startswith("judge error")):
+            # JE: that server's judge failed, not the program (an older server says RE with no test run)
             raise Unavailable(verdict["message"][:300])  # that server's judge failed, not the program
         try:
             return JudgeResult(**verdict)
@@ -159,6 +163,8 @@ class RemoteJudge(JudgeFrontend):
     def _run_tests(self, url: str, job: dict) -> JudgeResult:
         """SandboxFusion: one /run_code per test, in order up to the first TLE; outputs compared here."""
         tests, total = job["tests"], len(job["tests"])
+        if job.get("checker"):
+            raise Refused("a SandboxFusion server runs no special checker; use minirl's judge server")
         if job["language"] == "python":
             try:
                 compile(job["source"], "main.py", "exec")

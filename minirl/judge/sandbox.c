@@ -9,10 +9,11 @@
  *
  * -g: join these cgroups first (a cgroup.procs file per controller; sandbox.py creates them).
  * -i: isolate. New mount, PID, network, IPC, UTS and cgroup namespaces, and a new root on the empty folder
- *     NEWROOT: read-only binds of /usr and /lib* (and /bin, /sbin), a minimal /etc, /dev/{null,zero,full,random,
- *     urandom}, a /proc of the new PID namespace (none with -N, the compiler, or -c), the only writable places,
- *     /work and /tmp, on one tmpfs of TMPFS_MB (`scratch`). /work is empty and owned by UID, or HOST_DIR bound
- *     read-write (-w, the compiler's output). -b binds HOST_PATH read-only at PATH (a relative PATH is in /work).
+ *     NEWROOT: read-only binds of /usr and /lib* (and /bin, /sbin), a minimal /etc, /dev/{null,full,random,
+ *     urandom} (and zero, except with -c), a /proc of the new PID namespace (none with -N, the compiler, or -c),
+ *     the only writable places, /work and /tmp, on one tmpfs of TMPFS_MB (`scratch`). /work is empty and owned
+ *     by UID, or HOST_DIR bound read-write (-w, the compiler's output). -b binds HOST_PATH read-only at PATH (a
+ *     relative PATH is in /work).
  *     The old root is detached: nothing else of the host is reachable.
  * -R: the system folders and /etc files from SYSROOT (a copy of what programs load: sysroot.py), not the host's.
  * -c: serve (with -i, instead of a program): build the sandbox once, then run what each request on the unix
@@ -66,6 +67,12 @@ static void limit(int resource, rlim_t value) {
     if (setrlimit(resource, &l)) die("setrlimit");
 }
 
+static void ceiling(int resource) {                    /* soft = hard = the hard limit (infinite as root) */
+    struct rlimit l;
+    if (getrlimit(resource, &l)) die("getrlimit");
+    limit(resource, l.rlim_max);
+}
+
 /* --- seccomp: an allow-list of what honest programs, the compiler and checkers call -------------------------- */
 /* Derived from `strace -f` of the honest matrix (C++ with threads, std::async, mutexes and condition variables, deep
  * recursion, big arrays, heavy output; Python with the standard library modules contest programs import, threads
@@ -92,7 +99,7 @@ static void limit(int resource, rlim_t value) {
 static const int allowed[] = {
     /* files: the run's own tmpfs, the read-only system folders, its descriptors */
     SYS_openat, SYS_newfstatat, SYS_statx, SYS_fstat, SYS_readlinkat, SYS_faccessat, SYS_faccessat2, SYS_getdents64,
-    SYS_pread64, SYS_pwrite64, SYS_readv, SYS_writev, SYS_preadv, SYS_pwritev, SYS_dup, SYS_dup3, SYS_pipe2,
+    SYS_pread64, SYS_pwrite64, SYS_readv, SYS_writev, SYS_preadv, SYS_pwritev, SYS_dup, SYS_dup3,
     SYS_close_range, SYS_getcwd, SYS_chdir, SYS_fchdir, SYS_unlinkat, SYS_renameat2,
     SYS_mkdirat, SYS_linkat, SYS_symlinkat, SYS_fchmod, SYS_fchmodat, SYS_umask, SYS_ftruncate, SYS_truncate,
     SYS_fsync, SYS_fdatasync, SYS_fallocate, SYS_sendfile, SYS_copy_file_range, SYS_ppoll, SYS_pselect6,
@@ -112,7 +119,7 @@ static const int allowed[] = {
     SYS_rt_sigpending, SYS_rt_sigtimedwait, SYS_sigaltstack, SYS_restart_syscall, SYS_uname, SYS_getrandom,
     SYS_timer_create, SYS_timer_settime, SYS_timer_gettime, SYS_timer_delete, SYS_timer_getoverrun,
 #ifdef __x86_64__  /* the older calls x86-64 still has (aarch64 has only the *at forms above) */
-    SYS_open, SYS_stat, SYS_lstat, SYS_access, SYS_readlink, SYS_getdents, SYS_pipe, SYS_dup2, SYS_unlink,
+    SYS_open, SYS_stat, SYS_lstat, SYS_access, SYS_readlink, SYS_getdents, SYS_dup2, SYS_unlink,
     SYS_rename, SYS_renameat, SYS_mkdir, SYS_rmdir, SYS_link, SYS_symlink, SYS_chmod, SYS_creat, SYS_poll,
     SYS_select, SYS_epoll_create, SYS_epoll_wait, SYS_getpgrp, SYS_time, SYS_alarm, SYS_pause, SYS_arch_prctl,
 #endif
@@ -126,7 +133,7 @@ static const int create[] = {
 /* syscalls naming a process (argument 0, or 1 for setpriority): the program's own only. Threads name
  * themselves by their own tid, which is not the pid: affinity or priority per thread is refused (EPERM). */
 static const int own_pid[][2] = {
-    {SYS_kill, 0}, {SYS_tgkill, 0}, {SYS_rt_sigqueueinfo, 0}, {SYS_rt_tgsigqueueinfo, 0}, {SYS_pidfd_open, 0},
+    {SYS_kill, 0}, {SYS_tgkill, 0}, {SYS_rt_sigqueueinfo, 0}, {SYS_rt_tgsigqueueinfo, 0},
     {SYS_sched_setaffinity, 0}, {SYS_sched_setparam, 0}, {SYS_sched_setscheduler, 0}, {SYS_sched_setattr, 0},
 };
 /* the commands of calls that take one: what the traces showed, and their harmless neighbours */
@@ -182,6 +189,22 @@ static void futex_ops(void) {
     ADD(IS(FUTEX_WAIT, 2, 0)); ADD(IS(FUTEX_WAIT_BITSET, 1, 0)); ADD(FAIL(EPERM)); ADD(ALLOW);
 }
 
+/* mmap: never MAP_HUGETLB (the host's huge pages are nobody's to take); without -F never MAP_SHARED with
+ * MAP_ANONYMOUS: each such mapping is a new inode of the kernel's internal tmpfs, numbered by a counter for the
+ * whole host that a sibling read back from its stdin's inode number (a memfd of that tmpfs, made per test):
+ * 20k mappings moved it by 20k (round 5). (MAP_SHARED of /dev/zero does the same: -c sandboxes have none.) */
+static void mmap_ops(int forks) {
+    ADD(IS(SYS_mmap, 0, forks ? 4 : 6));
+    ADD(LD(ARG_LO(3)));
+    ADD(HAS(MAP_HUGETLB, forks ? 1 : 3, 0));
+    if (!forks) {
+        ADD(BPF_STMT(BPF_ALU | BPF_AND | BPF_K, MAP_ANONYMOUS | MAP_SHARED));
+        ADD(IS(MAP_ANONYMOUS | MAP_SHARED, 1, 0));
+    }
+    ADD(ALLOW);
+    ADD(FAIL(EPERM));
+}
+
 /* prlimit64: the program's own process, and never a new RLIMIT_CORE (at 0 a core_pattern pipe gets the dump) */
 static void prlimit_ops(pid_t self) {
     ADD(IS(SYS_prlimit64, 0, 13)); ADD(LD(ARG_HI(0))); ADD(IS(0, 0, 10)); ADD(LD(ARG_LO(0)));
@@ -207,7 +230,7 @@ static void install_seccomp(int forks, int create_files) {
     const int hot[] = {SYS_read, SYS_write, SYS_lseek, SYS_close, SYS_munmap, SYS_brk};
     for (unsigned i = 0; i < COUNT(hot); i++) allow(hot[i]);
     futex_ops();
-    refuse_flags(SYS_mmap, 3, MAP_HUGETLB, EPERM);        /* the host's huge pages are nobody's to take */
+    mmap_ops(forks);
     if (create_files) {
         for (unsigned i = 0; i < COUNT(create); i++) refuse(create[i], EPERM);
 #ifdef __x86_64__
@@ -242,10 +265,20 @@ static void install_seccomp(int forks, int create_files) {
          * the host and statfs shows its disks' free space, channels between siblings that a program (no -F)
          * is not given */
         allow(SYS_sysinfo); allow(SYS_statfs); allow(SYS_fstatfs);
+        /* pipes and pidfds: what processes talk and wait through. Their inode numbers come from host-wide
+         * counters (a pipe's from get_next_ino, a pidfd's from pidfs), which fstat shows: one sample advancing
+         * them and a sibling reading the differences was a channel (round 5). Only here; the README says so. */
+        allow(SYS_pipe2);
+#ifdef __x86_64__
+        allow(SYS_pipe);
+#endif
+        pid_is(SYS_pidfd_open, 0, self);
     }
+    /* threads only without -F, never new namespaces, and never CLONE_PIDFD without -F (a pidfd's inode number
+     * is a host-wide counter, above) */
     ADD(IS(SYS_clone, 0, 5));
     ADD(LD(ARG_LO(0)));                                    /* flags, low half */
-    ADD(HAS(NS_FLAGS, 2, 0));
+    ADD(HAS(NS_FLAGS | (forks ? 0 : CLONE_PIDFD), 2, 0));
     if (forks) ADD(BPF_STMT(BPF_JMP | BPF_JA, 0));
     else ADD(HAS(CLONE_THREAD, 0, 1));
     ADD(ALLOW);
@@ -292,7 +325,7 @@ static void system_dir(const char *src, const char *path) {  /* /bin -> usr/bin 
 
 /* The new root: mount points on a small root-owned tmpfs, nothing writable by the program. -b files with a
  * relative PATH wait in /.run, -w's folder at /.run/.work, for `scratch` to bind into /work. */
-static void build_root(const char *workdir, char **binds, int nbinds, int with_proc) {
+static void build_root(const char *workdir, char **binds, int nbinds, int with_proc, int serving) {
     char path[4096];
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) die("mount private");
     if (mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")) die("mount tmpfs");
@@ -308,8 +341,9 @@ static void build_root(const char *workdir, char **binds, int nbinds, int with_p
     /* what exec needs (the compiler's tools are links through /etc/alternatives; a copy has no such links) */
     const char *etc[] = {"/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"};
     for (int i = 0; i < 3; i++) { snprintf(path, sizeof path, "%s%s", sysroot, etc[i]); bind_path(path, etc[i], 1); }
-    const char *dev[] = {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"};
-    for (int i = 0; i < 5; i++) bind_path(dev[i], dev[i], 0);
+    /* no /dev/zero where programs run (-c): its MAP_SHARED mappings are inodes numbered host-wide (`mmap_ops`) */
+    const char *dev[] = {"/dev/null", "/dev/full", "/dev/random", "/dev/urandom", "/dev/zero"};
+    for (int i = 0; i < (serving ? 4 : 5); i++) bind_path(dev[i], dev[i], 0);
     at(path, "/dev/fd"); if (symlink("/proc/self/fd", path)) die("symlink");
     /* No /proc for programs (-c) nor the compiler (-N). A program's /proc/self/pagemap says which pages of a
      * mapped file are present, and fault-around maps only pages already cached: with MADV_RANDOM, a correct
@@ -367,7 +401,21 @@ static void start(char **program, uid_t uid, const struct limits *l) {
                                             finite limit would be every thread's size, and none would fit) */
     limit(RLIMIT_FSIZE, l->fsize);
     limit(RLIMIT_NOFILE, 64);
-    if (l->nproc) limit(RLIMIT_NPROC, l->nproc);
+    if (l->nproc) limit(RLIMIT_NPROC, l->nproc);  /* 0: "rlimits" mode, where it counts the judge's processes */
+    /* Every other limit too: none inherited from the judge (round 5: each POSIX timer holds ~390 bytes of kernel
+     * memory that only RLIMIT_SIGPENDING bounds, and the host's was 96k: +23-31 MiB past a 16-24 MiB limit
+     * without a cgroup). Signals below SIGRTMIN are delivered past the limit; 64 timers or queued real-time
+     * signals are more than honest programs use. RLIMIT_RTTIME stays infinite: at 0 the kernel kills any task
+     * it checks (and without RLIMIT_RTPRIO no task here can be real-time). RLIMIT_CORE: main(). */
+    limit(RLIMIT_SIGPENDING, 64);
+    limit(RLIMIT_MSGQUEUE, 0);
+    limit(RLIMIT_MEMLOCK, 0);
+    limit(RLIMIT_LOCKS, 0);
+    limit(RLIMIT_NICE, 0);
+    limit(RLIMIT_RTPRIO, 0);
+    ceiling(RLIMIT_RTTIME);
+    ceiling(RLIMIT_DATA);                         /* RLIMIT_AS bounds it */
+    ceiling(RLIMIT_RSS);                          /* no effect since Linux 2.6 */
     if (uid == getuid() && setpgid(0, 0)) die("setpgid");  /* the group init kills when the program ends */
     if (uid != getuid() && (setgroups(0, NULL) || setgid(uid) || setuid(uid))) die("drop privileges");
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) die("no_new_privs");
@@ -579,7 +627,7 @@ int main(int argc, char **argv) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (!isolated) prctl(PR_SET_CHILD_SUBREAPER, 1);  /* orphans (setsid or not) come back to us */
     if (isolated) {
-        build_root(workdir, binds, nbinds, with_proc && sock < 0);
+        build_root(workdir, binds, nbinds, with_proc && sock < 0, sock >= 0);
         if (sock >= 0) { hide_options(argc, argv); _exit(serve(sock, uid, l.nproc)); }
         scratch(uid, tmpfs_mb, workdir != NULL, binds, nbinds);
     }

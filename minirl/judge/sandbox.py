@@ -109,18 +109,22 @@ def _not_dumpable() -> None:
 # --- one run -----------------------------------------------------------------------------------------------------
 
 KERNEL_MB = 16                     # a cgroup's room beyond the limit: page tables, the sandbox's own processes
-PIPES_MB = 4                       # 31 pipes of 64 KiB (the filter keeps them at that), and stdout/stderr's
+PIPES_MB = 4                       # 31 pipes of 64 KiB (the filter keeps them at that): with processes only
+LOADER_MB = 8                      # what is mapped before main(): the loader, libc, libstdc++, libm, libgcc_s, the
+                                   # vDSO (5.6 MiB of address space for an empty C++ program here, 2026-12-05)
 
 
-def memory_plan(memory_mb: int, scratch_mb: int | None = None) -> tuple[int, int]:
-    """(RLIMIT_AS bytes, tmpfs MiB) of a run: the tmpfs (/work and /tmp) takes its share of the limit, so the
-    address space, the files and the pipes a program can hold stay within it with or without a cgroup. Contest
-    programs write no files: 1/32 of the limit, 4 to 64 MiB. With `scratch_mb` (the compiler, trusted) the
-    limit is the address space's alone."""
+def memory_plan(memory_mb: int, scratch_mb: int | None = None, forks: bool = False) -> tuple[int, int]:
+    """(RLIMIT_AS bytes, tmpfs MiB) of a run: what the program itself allocates (its arrays, heap, stacks) plus
+    its files (the tmpfs: /work and /tmp) and pipes stays within the limit with or without a cgroup, and the
+    address space has LOADER_MB more for the libraries mapped before main() (without it a 240 MiB table at a
+    256 MiB limit died before main(), RE). Contest programs write no files: the tmpfs is 1/64 of the limit,
+    4 to 64 MiB. Pipes (PIPES_MB) only where processes are allowed (the filter refuses them otherwise). With
+    `scratch_mb` (the compiler, trusted) the limit is the address space's alone."""
     if scratch_mb is not None:
         return memory_mb << 20, scratch_mb
-    tmpfs = min(64, max(4, memory_mb // 32))
-    return max(memory_mb - tmpfs - PIPES_MB, 1) << 20, tmpfs
+    tmpfs = min(64, max(4, memory_mb // 64))
+    return max(memory_mb - tmpfs - PIPES_MB * forks + LOADER_MB, 1) << 20, tmpfs
 
 
 def begin_cgroup(cg: RunCgroup, memory_mb: int) -> None:
@@ -162,7 +166,7 @@ def run_sandboxed(argv: list[str], rundir: Path, name: str, *, uid: int, time_li
     cache = cache_dir()
     helper = sandbox_helper(cache)
     cg, host_work = None, None
-    as_bytes, tmpfs_mb = memory_plan(memory_mb, scratch_mb)
+    as_bytes, tmpfs_mb = memory_plan(memory_mb, scratch_mb, forks)
     if mode == "namespaces":
         cwd = "/"
         opts = ["-i", str(new_root(cache)), "-s", str(tmpfs_mb)]

@@ -24,7 +24,7 @@ is --memory-limit-mb, over --max-memory-mb (4096) refused. `compile_timeout` is 
 
 POST /submit judges a whole program on all its tests in one `Judge.run_many` job: `config.provided_data.test`
 holds the tests, `config.run_timeout` the time limit, `config.extra.minirl` minirl's own settings (`memory_limit_mb`,
-`float_tolerance`, `processes`); the reply: an `EvalResult`, minirl's verdict in `extra.minirl` (for remote.py).
+`float_tolerance`, `processes`, `checker`); the reply: an `EvalResult`, minirl's verdict in `extra.minirl` (for remote.py).
 
 Left out (400): languages but cpp and python, `files`, `fetch_files`, /run_jupyter, the dataset endpoints.
 Nothing authenticates: it binds 127.0.0.1 unless told otherwise (a private network only). Under abuse:
@@ -38,9 +38,11 @@ import re
 import resource
 import signal
 from http.server import BaseHTTPRequestHandler
+from json.encoder import encode_basestring_ascii  # json.dumps's own string encoder (C)
 
 from minirl.httpd import BackgroundServer
 from minirl.judge import Judge, JudgeResult
+from minirl.judge.verdict import judge_error
 from minirl.judge.server_guard import GuardedHTTPServer, RequestError, content_length, parse_body, refuse
 
 MAX_BODY_BYTES = 256 << 20         # a program and its tests (CodeContests problems carry MBs of tests)
@@ -49,6 +51,9 @@ _LANG = re.compile(r"[\w+#-]*")      # a fence's language: the start of its info
 SERVER_NAME = "minirl-judge"       # the Server header: how minirl/judge/remote.py tells this server from SandboxFusion
 DEFAULT_RUN_TIMEOUT_S = 10.0       # RunCodeRequest's default run_timeout
 MAX_MEMORY_MB = 4096               # the most a request may ask for: workers x this must fit the host
+# a reply's stdout and stderr together, as JSON: a 16 MiB output of text lines passes whole ("\n" takes 2 bytes),
+# while 16 MiB of "\x01" (6 bytes of JSON each) was a 96 MiB reply to a 400-byte request (round 5)
+REPLY_OUTPUT_BYTES = 32 << 20
 
 
 def _field(body: dict, name: str, kinds: type | tuple, default=None):
@@ -154,8 +159,14 @@ def parse_submit(body: dict, default_memory_mb: int, max_memory_mb: int = MAX_ME
     time_limit_s, memory_mb = _limits(_field(config, "run_timeout", (int, float)),
                                       _field(ours, "memory_limit_mb", int), default_memory_mb, max_memory_mb)
     tolerance = _field(ours, "float_tolerance", (int, float))
-    return dict(source=code, language=language, tests=tests, time_limit_s=time_limit_s, memory_limit_mb=memory_mb,
-                float_tolerance=tolerance, processes=_field(ours, "processes", bool, False)), code
+    job = dict(source=code, language=language, tests=tests, time_limit_s=time_limit_s, memory_limit_mb=memory_mb,
+               float_tolerance=tolerance, processes=_field(ours, "processes", bool, False))
+    checker = _field(ours, "checker", dict, None)  # minirl's own: {"source", "language"} (verdict.py: _check)
+    if checker is not None:
+        if not isinstance(checker.get("source"), str) or checker.get("language", "python") not in ("python", "cpp"):
+            raise RequestError("'config.extra.minirl.checker' must be {'source': str, 'language': 'python'|'cpp'}")
+        job["checker"] = {"source": checker["source"], "language": checker.get("language", "python")}
+    return job, code
 
 
 # --- minirl's verdicts in SandboxFusion's words ----------------------------------------------------------
@@ -188,15 +199,56 @@ def _response(status: str, compile_result: dict | None, run_result: dict | None,
 
 
 def is_judge_fault(res: JudgeResult) -> bool:
-    """A failure of the judge itself (pool.py returns it as RE with this message and no test run), not of the
-    program: a program's RE has its test's run, and its message is the program's stderr, which may say anything."""
-    return res.verdict == "RE" and not res.tests and res.message.startswith("judge error")
+    """A failure of the judge itself (pool.py returns it as JE; older versions as RE with this message and no test
+    run), not of the program: a program's RE has its test's run, and its message is the program's stderr, which may say anything."""
+    return res.verdict == "JE" or (res.verdict == "RE" and not res.tests and res.message.startswith("judge error"))
 
 
 def run_code_response(res: JudgeResult, language: str) -> dict:
     if is_judge_fault(res):
         return _response("SandboxError", None, None, res.message)
-    return exec_info(res.verdict, res.tests[0] if res.tests else {}, language, res.compile_s, res.message)
+    return cut_outputs(exec_info(res.verdict, res.tests[0] if res.tests else {}, language, res.compile_s,
+                                 res.message))
+
+
+def cut_outputs(reply: dict, budget: int = REPLY_OUTPUT_BYTES) -> dict:
+    """Cut the stdout and stderr of a RunCodeResponse's commands so that, as JSON, they take at most `budget`
+    bytes together (in that order: the compiler's, then the run's stdout, then its stderr), and say so in
+    its `message`: the reply then is the budget and a few hundred bytes, whatever the program printed."""
+    cuts = []
+    for part in ("compile_result", "run_result"):
+        command = reply.get(part) or {}
+        for stream in ("stdout", "stderr"):
+            text = command.get(stream) or ""
+            kept, size = _json_prefix(text, budget)
+            budget -= size
+            if len(kept) < len(text):
+                command[stream] = kept
+                cuts.append(f"{part}.{stream} cut to its first {len(kept)} of {len(text)} characters")
+    if cuts:
+        note = f"{'; '.join(cuts)} (a reply's outputs take at most {REPLY_OUTPUT_BYTES >> 20} MiB of JSON)"
+        reply["message"] = f"{note}. {reply['message']}" if reply.get("message") else note
+    return reply
+
+
+def _json_prefix(text: str, budget: int, step: int = 1 << 16) -> tuple[str, int]:
+    """The longest prefix of `text` whose JSON string escapes take at most `budget` bytes, and their size;
+    encoded a chunk at a time (never the whole text's escapes at once: up to 6x its size)."""
+    size, pos = 0, 0
+    while pos < len(text):
+        chunk = text[pos:pos + step]
+        n = len(encode_basestring_ascii(chunk)) - 2   # what json.dumps writes, less the quotes
+        if size + n > budget:                          # the last chunk that fits in part: bisect it
+            lo, hi = 0, len(chunk)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if len(encode_basestring_ascii(chunk[:mid])) - 2 <= budget - size:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            return text[:pos + lo], size + len(encode_basestring_ascii(chunk[:lo])) - 2
+        size, pos = size + n, pos + len(chunk)
+    return text, size
 
 
 def submit_response(res: JudgeResult, job: dict, code: str, sample_id) -> dict:
@@ -224,8 +276,10 @@ class JudgeServer(BackgroundServer):
     def __init__(self, judge: Judge, host: str = "127.0.0.1", port: int = 8080, memory_limit_mb: int = 1024,
                  max_memory_mb: int = MAX_MEMORY_MB, max_connections: int = 128, request_deadline_s: float = 60.0):
         self.judge, self.memory_limit_mb, self.max_memory_mb = judge, memory_limit_mb, max_memory_mb
+        # descriptors beyond the connections': the listening socket, and each worker's sandbox socket, a test's
+        # stdin, stdout and stderr (both ends), its output files (`connection_cap`)
         super().__init__(_handler(self), host, port, "minirl-judge-server", max_connections=max_connections,
-                         request_deadline_s=request_deadline_s)
+                         request_deadline_s=request_deadline_s, spare_descriptors=32 + 8 * judge.workers)
 
     def handle(self, path: str, body: dict) -> dict:
         """The reply to POST `path`; RequestError for a request to refuse."""
@@ -239,7 +293,7 @@ class JudgeServer(BackgroundServer):
         try:
             return self.judge.run_many([job])[0]
         except Exception as e:  # noqa: BLE001 -- the judge's fault: SandboxError, and keep serving
-            return JudgeResult("RE", 0, len(job["tests"]), message=f"judge error: {type(e).__name__}: {e}")
+            return judge_error(e, len(job["tests"]))
 
 
 def _handler(server: JudgeServer):
@@ -260,11 +314,21 @@ def _handler(server: JudgeServer):
         def send_json(self, status: int, obj) -> None:
             data = json.dumps(obj).encode()
             server.httpd.replying(self.connection)  # a short deadline, and evictable: a slow reader of it
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            if not server.httpd.take_reply(len(data)):  # replies being written hold the server's budget
+                status, self.close_connection = 503, True
+                data = json.dumps({"detail": "the server holds its limit of replies being written; retry"}).encode()
+                held = 0
+            else:
+                held = len(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            finally:
+                if held:
+                    server.httpd.give_reply(held)
 
         def do_GET(self):
             server.httpd.working(self.connection)

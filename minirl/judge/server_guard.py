@@ -30,13 +30,20 @@ Why each:
   the declared body into no buffer, at most DISCARD_BYTES and 2 s, then closes (Apache's "lingering close").
 - Replies: a client that reads its reply slowly, or never, held its connection as "being judged" for ever (4 at
   --max-connections 4 locked honest clients out). Writing a reply has `reply_deadline_s` (10 s), and a
-  connection writing one is evictable at the cap like one reading its request.
+  connection writing one is evictable at the cap like one reading its request. A reply's outputs are cut to
+  server.py's REPLY_OUTPUT_BYTES of JSON (16 MiB of "\x01" was 96 MiB of escapes), and replies being written
+  share a server-wide budget (`reply_budget_bytes`, 256 MiB): a reply waits up to `reply_deadline_s` for room,
+  then is a 503 (8 clients that never read their 96 MiB replies held 1.1 GiB).
+- The connection cap is clamped at start to what RLIMIT_NOFILE leaves (`connection_cap`): past the descriptor
+  limit accept() failed before the cap was reached, so no idle connection was ever evicted.
 Left out: authentication and per-client quotas (the server binds 127.0.0.1 by default; put it on a private network).
 """
 from __future__ import annotations
 
 import json
+import os
 import re
+import resource
 import socket
 import sys
 import threading
@@ -106,12 +113,18 @@ class GuardedHTTPServer(ThreadingHTTPServer):
     """ThreadingHTTPServer with at most `max_connections` open, and `request_deadline_s` to read each request."""
 
     daemon_threads = True
+    request_queue_size = 128  # listen()'s backlog: at socketserver's 5, a burst of clients waited 1 s per SYN resent
 
     def __init__(self, address, handler, max_connections: int = 128, request_deadline_s: float = 60.0,
-                 reply_deadline_s: float = 10.0, body_budget_bytes: int = 1 << 30):
-        self.max_connections, self.request_deadline_s = max_connections, request_deadline_s
+                 reply_deadline_s: float = 10.0, body_budget_bytes: int = 1 << 30,
+                 reply_budget_bytes: int = 256 << 20, spare_descriptors: int = 64):
+        self.max_connections = connection_cap(max_connections, spare_descriptors)
+        self.request_deadline_s = request_deadline_s
         self.reply_deadline_s, self.body_budget_bytes = reply_deadline_s, body_budget_bytes
+        self.reply_budget_bytes = reply_budget_bytes
         self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)     # a reply's bytes were given back
+        self._replies = 0                                # bytes of replies being written, held
         self._open: set[socket.socket] = set()
         self._reading: dict[socket.socket, float] = {}   # socket -> when it started reading its request
         self._replying: dict[socket.socket, float] = {}  # socket -> when it started writing its reply
@@ -156,6 +169,22 @@ class GuardedHTTPServer(ThreadingHTTPServer):
     def give_body(self, n: int) -> None:
         with self._lock:
             self._bodies -= n
+
+    def take_reply(self, n: int) -> bool:
+        """Reserve `n` bytes of the server-wide budget for a reply being written, waiting up to
+        `reply_deadline_s` for room (a reply larger than the whole budget waits for every other); False if there
+        is none by then: the caller answers 503."""
+        with self._room:
+            fits = lambda: self._replies == 0 or self._replies + n <= self.reply_budget_bytes  # noqa: E731
+            if not self._room.wait_for(fits, timeout=self.reply_deadline_s):
+                return False
+            self._replies += n
+            return True
+
+    def give_reply(self, n: int) -> None:
+        with self._room:
+            self._replies -= n
+            self._room.notify_all()
 
     def process_request(self, request, client_address):
         with self._lock:
@@ -207,6 +236,20 @@ class GuardedHTTPServer(ThreadingHTTPServer):
                     for sock, since in list(waiting.items()):
                         if now - since > deadline:
                             self._drop(sock)
+
+
+def connection_cap(wanted: int, spare: int = 64) -> int:
+    """`wanted` connections, at most what RLIMIT_NOFILE's soft limit leaves after the descriptors open now and
+    `spare` more (the judge's sandboxes, pipes and files while it runs tests). Past the descriptor limit,
+    accept() failed before the cap was reached, and no idle connection was ever evicted (round 5)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))      # this process's own: the judge's, the caller's
+    except OSError:
+        in_use = 0
+    return max(1, min(wanted, soft - in_use - spare))
 
 
 def _refuse(sock: socket.socket) -> None:

@@ -1,6 +1,6 @@
 """A worker's own copy of the system files programs run on: no file page shared with a sibling sandbox.
 
-    root = program_root(uid)        # cache_dir()/sysroot-<uid>-<key>: python3, its stdlib, the shared libraries
+    root = program_root(uid)        # sysroot_dir()/sysroot-<uid>-<key>: python3, its stdlib, the shared libraries
     # sandbox.c -R root: the worker's sandbox binds root's /usr and /lib* (and the /etc files) for the host's
 
 Why copies. Two programs judged at once in sibling sandboxes must have nothing to talk through. A futex on a
@@ -17,13 +17,16 @@ programs import the standard library), the shell and a few tools (`TOOLS`, for p
 the shared libraries `ldd` names for all of these, its extension modules, libstdc++ and libgcc_s (what a C++
 program links against), with the dynamic loader, and the loader's cache; the C.UTF-8 locale and the time
 zones (`DATA`); the host's top-level links (/bin -> usr/bin). About 57 MB per worker uid, built once per
-machine (kept across Judges; rebuilt when python3, its stdlib folders, the loader's cache, localtime, `DATA`,
-a tool, g++ or `VERSION` change: `_key`). The compiler and the checkers are trusted: they keep the host's
-root. Only "namespaces" mode has copies; where one cannot be built the worker's sandbox does not start (never
-the host's files instead).
+boot (kept across Judges; rebuilt when python3, its stdlib folders, the loader's cache, localtime, `DATA`,
+a tool, g++ or `VERSION` change: `_key`), in RAM: on a tmpfs of the judge's own that is never swapped
+(host.py: `sysroot_dir`), so that every page of it is resident for every run. The compiler and the checkers
+are trusted: they keep the host's root. Only "namespaces" mode has copies; where one cannot be built the
+worker's sandbox does not start (never the host's files instead).
 
-Left: programs of one worker, one after another, share that worker's copy (a page-cache timing channel between
-consecutive runs of one worker; the judge README's What remains).
+Programs of one worker, one after another, share that worker's copy. On disk, one run could leave pages of it
+cached for the next to find (a major fault in getrusage, or a fast read: round 5); in RAM every page is always
+there, and reading one changes nothing a later run can see. The cost: ~57 MB of memory per worker uid in use on
+the host (until reboot), and ~0.5 s to build each copy once per boot.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from minirl.judge.host import cache_dir, remove_tree, unique_tmp
+from minirl.judge.host import cache_dir, remove_tree, sysroot_dir, unique_tmp
 from minirl.judge.sandbox import ENV
 
 SANDBOX_PATH = tuple(ENV["PATH"].split(":"))          # where the sandbox finds python3, sh and g++
@@ -161,11 +164,14 @@ def program_root(uid: int) -> Path:
     """This uid's copy of the program's system files, built if missing or stale. Where it cannot be built the
     sandbox does not start (RuntimeError, a judge error for the job): sharing the host's files would open the
     channels the copy closes, silently."""
-    cache = cache_dir()
+    cache = sysroot_dir()
     try:
         root = cache / f"sysroot-{uid}-{_key()}"
         if (root / ".complete").exists():
             return root
+        if cache != cache_dir():                              # copies of older versions, on disk
+            for old in cache_dir().glob(f"sysroot-{uid}-*"):
+                remove_tree(old)
         tmp = unique_tmp(root)
         try:
             build(tmp, *sources())
@@ -180,5 +186,5 @@ def program_root(uid: int) -> Path:
         return root
     except (OSError, subprocess.SubprocessError) as e:
         raise RuntimeError(f"cannot build the programs' own copy of the system files in {cache} ({e}): the judge "
-                           "needs python3 and ldd on the host and ~57 MB of disk per worker there "
+                           "needs python3 and ldd on the host and ~57 MB of memory per worker there "
                            "(minirl/judge/sysroot.py)") from e

@@ -12,7 +12,9 @@ through minirl/judge/sandbox.py.
 Tests count in order up to the first TLE, where a program's testing stops (every later test would cost a full
 time limit, and both reward styles give the same reward from that point). Output is compared as bytes, token by
 token, and never decoded (a 64 MiB flood of garbage costs one token). Failures are verdicts: whatever a program
-does, a result comes back; a failure of the judge itself on one job is logged and returned as RE.
+does, a result comes back. A failure of the judge itself on one job (a worker's sandbox that died or would not
+start, a full staging tmpfs) is logged and returned as JE, "judge error": no verdict on the program, so a trainer
+leaves it out of the loss and never rewards it (minirl/rewards.py).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from minirl.judge.host import job_folder, lease_uids, remove_tree
 
 log = logging.getLogger(__name__)
 VERDICTS = ("AC", "WA", "TLE", "MLE", "RE", "CE", "OLE")
+JUDGE_ERROR = "JE"                 # not one of VERDICTS: the judge could not judge the program (never a reward)
 CXX_FLAGS = ("-std=c++17", "-O2")
 KEPT_OUTPUT_BYTES = 16 << 20       # a keep_output test's output limit (server.py returns its stdout whole)
 PYTHON_SOURCE_LIMIT = 1 << 20      # a larger source is CE without a syntax check
@@ -83,7 +86,7 @@ def judge_job(source: str, language: str, tests: list[dict], time_limit_s: float
               cxx_flags: tuple[str, ...] = CXX_FLAGS, mode: str | None = None, uid: int | None = None,
               cgroups: Cgroups | None = None, processes: bool = False) -> JudgeResult:
     """Compile (if needed) and run `source` on every test, in the calling thread. Never raises for anything a
-    program does: a failure of the judge itself on this job is logged and returned as RE."""
+    program does: a failure of the judge itself on this job is logged and returned as JE (`judge_error`)."""
     lease = lease_uids(1) if uid is None else None
     try:
         uid = lease.uids[0] if lease else uid
@@ -106,9 +109,12 @@ def judge_job(source: str, language: str, tests: list[dict], time_limit_s: float
             lease.release()
 
 
-def judge_error(e: Exception, total: int) -> JudgeResult:
-    log.error("judge error on one job", exc_info=e)
-    return JudgeResult("RE", 0, total, message=f"judge error: {type(e).__name__}: {e}"[:MESSAGE_LIMIT])
+def judge_error(e: Exception | str, total: int) -> JudgeResult:
+    """The result of a job the judge could not judge: JE, no test counted, the cause in the message."""
+    if isinstance(e, Exception):
+        log.error("judge error on one job", exc_info=e)
+        e = f"{type(e).__name__}: {e}"
+    return JudgeResult(JUDGE_ERROR, 0, total, message=f"judge error: {e}"[:MESSAGE_LIMIT])
 
 
 class Job:

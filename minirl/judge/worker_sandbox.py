@@ -32,6 +32,19 @@ log = logging.getLogger(__name__)
 STAGE_TRIES = 3                    # copies tried while the staging tmpfs is full, 0.5 s apart
 
 
+def _tail(path: Path) -> str:
+    """The last 2000 characters of a file, "" if it is gone."""
+    try:
+        return path.read_text(errors="replace")[-2000:]
+    except OSError:
+        return ""
+
+
+class SandboxDied(OSError):
+    """The worker's sandbox ended during a run without its reply (killed, crashed), and not for memory: the
+    judge's fault, so the job is a judge error (verdict.py), never the program's RE."""
+
+
 class StageFull(OSError):
     """The staging tmpfs had no room for a program's file: the judge's fault (verdict.py: a judge error)."""
 
@@ -126,7 +139,7 @@ class WorkerSandbox:
             except OSError as e:                          # v1: a limit below what is still charged (EBUSY)
                 log.warning("no cgroup for this run (%s): rlimits only", e)
                 cgroup = None
-        as_bytes, tmpfs_mb = memory_plan(memory_mb)
+        as_bytes, tmpfs_mb = memory_plan(memory_mb, forks=forks)
         cpu_s, fsize = cpu_and_file_limits(time_limit_s, output_limit)
         fields = [str(cpu_s), str(as_bytes), str(fsize), str(tmpfs_mb), "1" if forks else "0", file[0], *argv]
         self._stage(*file)
@@ -146,6 +159,7 @@ class WorkerSandbox:
                     pass
                 wall = time.perf_counter() - t0
                 if not reply:
+                    why = "" if timed_out else _tail(self._errors)  # close() removes the file
                     self.close(kill=timed_out)         # every process of the run is gone when this returns
                 cap.finish()
         finally:
@@ -157,11 +171,13 @@ class WorkerSandbox:
             cpu = float(fields[2]) + float(fields[3])
         elif not timed_out:
             status = 111
-            log.warning("a worker's sandbox ended: %s", self._errors.read_text(errors="replace")[-2000:])
+            log.warning("a worker's sandbox ended: %s", why)
         oom = False
         if cgroup is not None:
             cpu = max(cpu, cgroup.cpu_s())            # counts even what a killed init never reaped
             oom = cgroup.oom_killed()
+        if status == 111 and not oom:  # the sandbox died under the program (killed, crashed): not its verdict
+            raise SandboxDied(f"the worker's sandbox ended during the run {why[-300:]}".strip())
         return {"returncode": status, "timed_out": timed_out, "wall_s": wall, "cpu_s": cpu, "max_rss_mb": rss_mb,
                 "oom": oom, "out": cap.out, "err": cap.err}
 

@@ -71,14 +71,23 @@ def config_dtype(path: str) -> torch.dtype:
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype or torch.float32
 
 
-def pick_attn_implementation(name: str) -> str:
+def flash_attention() -> str | None:
+    """The flash-attn implementation this machine runs: "flash_attention_2" where the package is installed
+    (requirements-gpu.txt) and a CUDA device is present, else None. The only place the choice reads the machine:
+    a CPU test replaces it to select a stand-in kernel (tests/core/flash_stand_in.py) and run the GPU's branch."""
+    import importlib.util
+    if importlib.util.find_spec("flash_attn") is None or not torch.cuda.is_available():
+        return None
+    return "flash_attention_2"
+
+
+def pick_attn_implementation(name: str, dtype: torch.dtype | None = None) -> str:
+    """"auto": flash-attn where `flash_attention()` finds it and the run computes in `dtype` fp16/bf16 (flash-attn
+    takes no fp32: with `--dtype float32` every forward would fail), else sdpa. Any other name is used as given."""
     if name != "auto":
         return name
-    try:
-        import flash_attn  # noqa: F401  (GPU only, optional: requirements-gpu.txt)
-        return "flash_attention_2" if torch.cuda.is_available() else "sdpa"
-    except ImportError:
-        return "sdpa"
+    flash = flash_attention()
+    return flash if flash and dtype in (torch.float16, torch.bfloat16) else "sdpa"
 
 
 def load_tokenizer(path: str):
@@ -123,6 +132,22 @@ def _load_model(path, dtype, attn_implementation, gradient_checkpointing, load_i
     return model
 
 
+def empty_model(path: str, attn_implementation: str = "sdpa"):
+    """The model at `path` with its parameters on the meta device (no memory) and its buffers built for real (the
+    rotary frequencies, which the files do not hold): for distributed.shard_and_load to shard and fill. Tied
+    weights are tied here, before sharding, so that they stay one tensor."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+    if adapter_base(path) is not None:
+        raise ConfigError(f"model_name_or_path {path!r} is a LoRA adapter; fsdp trains full models: merge it first "
+                          "(--save_merged true writes output_dir/merged) and pass that folder")
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32,
+                                                 attn_implementation=attn_implementation)
+    model.tie_weights()
+    return model
+
+
 def enable_gradient_checkpointing(model) -> None:
     """Recompute each layer's activations in backward. Non-reentrant checkpointing works with frozen inputs
     (LoRA) and with FSDP. (transformers 5 renamed the method; both names are tried.)"""
@@ -149,7 +174,7 @@ def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
 
 def build_policy(path: str, device: torch.device, dtype: torch.dtype, attn_implementation: str = "sdpa",
                  lora: dict | None = None, gradient_checkpointing: bool = False, load_in_bits: int = 0,
-                 seed: int = 0, keep_dropout: bool = False):
+                 seed: int = 0, keep_dropout: bool = False, place=None):
     """The policy to train, in train mode on `device`: the model at `path`, with a LoRA adapter when `lora`
     (keys rank, alpha, dropout, target_modules) is given. train.py and the sessions' TrainingClient both build
     theirs here. Its dropout is off unless `keep_dropout` (disable_dropout says why), and a model whose
@@ -159,13 +184,24 @@ def build_policy(path: str, device: torch.device, dtype: torch.dtype, attn_imple
     bf16 weights would round away most updates at lr 1e-6. A frozen base (LoRA, quantised) is held in `dtype`;
     peft keeps the adapter in fp32 over it. The adapter is drawn from a generator of its own seeded by `seed`
     (init_adapter), so every process, and every thread whatever the others draw meanwhile, builds the same one;
-    peft's own draws run under fork_rng, so the caller's global random stream is left where it was."""
+    peft's own draws run under fork_rng, so the caller's global random stream is left where it was.
+
+    `place(model, path)` (FSDP: distributed.shard_and_load with its device and dtype): the model is built on the
+    meta device and `place` shards it and fills in its weights, so no process ever holds the whole model."""
     frozen_base = bool(lora) or bool(load_in_bits)
     with BUILDING:
-        model = load_model(path, dtype if frozen_base else torch.float32, attn_implementation,
-                           gradient_checkpointing, load_in_bits)
-        model = model if load_in_bits else model.to(device)  # a quantised model is put on its GPU by from_pretrained
-        check_exact(model)
+        if place is not None:  # full fine-tuning only: config.check refuses fsdp with LoRA or quantisation
+            model = empty_model(path, attn_implementation)
+            if gradient_checkpointing:
+                enable_gradient_checkpointing(model)
+            place(model, path)
+        else:
+            model = load_model(path, dtype if frozen_base else torch.float32, attn_implementation,
+                               gradient_checkpointing, load_in_bits)
+            model = model if load_in_bits else model.to(device)  # a quantised model is put on its GPU already
+        check_exact(model, dtype)  # in fp32 where it can; else as the run computes, in `dtype`
+        if hasattr(model, "reshard"):  # FSDP2 keeps its root gathered after a forward: the optimizer needs shards
+            model.reshard()
         if lora:  # peft's own init draws from the global generator; init_adapter overwrites what it drew
             cuda = [d.index or 0 for d in {p.device for p in model.parameters()} if d.type == "cuda"]
             with torch.random.fork_rng(devices=cuda):  # so the caller's stream is where it was
@@ -175,10 +211,19 @@ def build_policy(path: str, device: torch.device, dtype: torch.dtype, attn_imple
     return (model if keep_dropout else disable_dropout(model)).train()
 
 
-def load_reference(path: str, dtype: torch.dtype, attn_implementation: str, device: torch.device):
-    """The frozen reference policy: eval mode (no dropout), no gradients, checked as the policy is."""
-    model = disable_dropout(load_model(path, dtype=dtype, attn_implementation=attn_implementation).to(device))
-    check_exact(model)
+def load_reference(path: str, dtype: torch.dtype, attn_implementation: str, device: torch.device, place=None):
+    """The frozen reference policy: eval mode (no dropout), no gradients, checked as the policy is. Held in
+    `dtype`; with `place` (FSDP, see build_policy) built on the meta device and sharded like the policy (fp32
+    shards, computed in `dtype`): a quarter of a replicated bf16 copy's memory per GPU on 8 GPUs."""
+    if place is not None:
+        model = empty_model(path, attn_implementation)
+        place(model, path)
+    else:
+        model = load_model(path, dtype=dtype, attn_implementation=attn_implementation).to(device)
+    disable_dropout(model)
+    check_exact(model, dtype)
+    if hasattr(model, "reshard"):  # FSDP2 keeps its root gathered after a forward
+        model.reshard()
     model.eval()
     model.requires_grad_(False)
     return model

@@ -54,3 +54,46 @@ def load_weights(model, folder: Path) -> None:
     if missing or unexpected:
         raise RuntimeError(f"checkpoint {folder} does not match the model: missing {missing[:5]}, "
                            f"unexpected {unexpected[:5]}")
+
+
+def file_chunks(folder: str | Path, groups: list[list[str]], max_bytes: int) -> list[list[tuple[str, str]] | None]:
+    """The tensors of a model folder's safetensors files in reading order, grouped into chunks of at most
+    `max_bytes` (a larger tensor goes alone): [(file, tensor name), ...] per chunk, for read_chunk. `groups`: the
+    model's state-dict names, tied names together (lm_head = embeddings, saved once); each group needs one name
+    in the files. When the files do not hold exactly those names (an architecture whose weights transformers
+    renames or fuses while loading, or .bin files), one chunk `None`: read_chunk then runs from_pretrained."""
+    import json
+    import struct
+    entries, names = [], set()
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with open(f, "rb") as fh:  # the header: 8 bytes of length, then JSON {name: {dtype, shape, data_offsets}}
+            header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
+        for name, info in header.items():
+            if name != "__metadata__":
+                start, end = info["data_offsets"]
+                entries.append((f.name, name, end - start))
+                names.add(name)
+    known = {n for g in groups for n in g}
+    if not entries or not names <= known or not all(names.intersection(g) for g in groups):
+        return [None]
+    chunks, size = [[]], 0
+    for file, name, nbytes in entries:
+        if chunks[-1] and size + nbytes > max_bytes:
+            chunks, size = chunks + [[]], 0
+        chunks[-1].append((file, name))
+        size += nbytes
+    return chunks
+
+
+def read_chunk(folder: str | Path, chunk: list[tuple[str, str]] | None) -> dict[str, torch.Tensor]:
+    """The tensors of one chunk of file_chunks, as stored (their dtype is cast on loading); `None`: the whole
+    model's state dict through from_pretrained in fp32."""
+    if chunk is None:
+        return load_model(str(folder), torch.float32).state_dict()
+    from safetensors import safe_open
+    out, handles = {}, {}
+    for file, name in chunk:
+        if file not in handles:
+            handles[file] = safe_open(str(Path(folder) / file), "pt")
+        out[name] = handles[file].get_tensor(name)
+    return out

@@ -252,10 +252,10 @@ class ServiceClient:
         from accelerate import PartialState
         # joins the process group when launched with several processes (on CPU only when told to: else each
         # process would be a world of one)
-        state = PartialState(cpu=not torch.cuda.is_available())
+        state = PartialState(cpu=not torch.cuda.is_available())  # device-branch: sessions/process-state
         self.process_index, self.num_processes, self.device = state.process_index, state.num_processes, state.device
         self.dtype = pick_dtype(dtype, self.device)
-        self.attn_implementation = pick_attn_implementation(attn_implementation)
+        self.attn_implementation = pick_attn_implementation(attn_implementation, self.dtype)
         default_dir = Path(os.environ.get("MINIRL_CACHE", "~/.cache/minirl")) / "sessions"   # minirl's cache root
         self.checkpoint_dir = Path(checkpoint_dir or os.environ.get("MINIRL_SESSIONS_DIR") or default_dir).expanduser()
         self.session_id, self.training_clients = uuid.uuid4().hex[:12], []

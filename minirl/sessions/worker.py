@@ -142,8 +142,8 @@ class _Worker:
             self._cv.notify()
 
     def _run(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+        if self.device.type == "cuda":  # device-branch: sessions/worker-device
+            torch.cuda.set_device(self.device)  # the thread's own current device (NCCL and kernels use it)
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: self._queue)

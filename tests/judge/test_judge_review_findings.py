@@ -93,7 +93,7 @@ def test_remote_judge_keeps_a_spoofing_programs_re_instead_of_retrying_every_ser
 def test_remote_judge_turns_a_broken_reply_into_a_verdict(reply):
     with RemoteJudge([fake_server(reply)], retries=1, cooldown_s=0.0, protocol="minirl") as judge:
         res = judge.run_many([JOB])[0]
-    assert res.verdict == "RE" and res.message.startswith("judge error"), res
+    assert res.verdict == "JE" and res.message.startswith("judge error"), res
 
 
 def test_remote_judge_turns_a_body_that_never_comes_into_a_verdict_in_bounded_time():
@@ -101,7 +101,7 @@ def test_remote_judge_turns_a_body_that_never_comes_into_a_verdict_in_bounded_ti
     start = time.monotonic()
     with RemoteJudge([url], retries=1, timeout_s=1.0, protocol="minirl") as judge:
         res = judge.run_many([JOB])[0]
-    assert res.verdict == "RE" and res.message.startswith("judge error"), res
+    assert res.verdict == "JE" and res.message.startswith("judge error"), res
     assert time.monotonic() - start < 20
 
 
@@ -165,7 +165,7 @@ def test_remote_judge_bounds_a_reply_that_trickles_in_by_its_timeout():
     with RemoteJudge([url], retries=1, timeout_s=1.0, protocol="minirl") as judge:
         res = judge.run_many([JOB])[0]
     assert time.monotonic() - start < 10  # the whole body would take 20 s
-    assert res.verdict == "RE" and res.message.startswith("judge error"), res
+    assert res.verdict == "JE" and res.message.startswith("judge error"), res
 
 
 # --- /run_code's stdout is what the client compares: never a cut of it --------------------------------------
@@ -200,7 +200,7 @@ def test_remote_judge_turns_a_sandboxfusion_reply_of_the_wrong_shape_into_a_verd
     url = fake_server(http_200(json.dumps(reply).encode()))
     with RemoteJudge([url], retries=1, cooldown_s=0.0, protocol="sandboxfusion") as judge:
         res = judge.run_many([JOB])[0]
-    assert res.verdict == "RE" and res.message.startswith("judge error"), res
+    assert res.verdict == "JE" and res.message.startswith("judge error"), res
 
 
 def test_submit_extracts_code_from_a_completion_of_unclosed_fences_in_linear_time():
@@ -232,5 +232,5 @@ def test_a_server_that_keeps_failing_stays_out_longer_each_time():
     s.close()                                          # nothing listens there: connection refused
     with RemoteJudge([url], retries=3, cooldown_s=1.0, protocol="minirl", timeout_s=2) as judge:
         res = judge.run("print(3)\n", "python", [{"input": "", "output": "3"}])
-        assert res.verdict == "RE" and "no judge server answered" in res.message
+        assert res.verdict == "JE" and "no judge server answered" in res.message
         assert judge._failures[url] == 3 and judge._down_until[url] - time.monotonic() > 2.5

@@ -104,4 +104,4 @@ def test_a_copy_that_cannot_be_built_is_a_judge_error_never_the_hosts_files(monk
         if j.isolation != "namespaces":
             pytest.skip("copies are namespaces mode's")
         r = j.run("print(3)\n", "python", [{"input": "", "output": "3"}])
-    assert r.verdict == "RE" and "cannot build the programs' own copy" in r.message and "no ldd" in r.message, r
+    assert r.verdict == "JE" and "cannot build the programs' own copy" in r.message and "no ldd" in r.message, r

@@ -70,7 +70,7 @@ def test_every_server_down_gives_a_judge_error_verdict_not_an_exception():
         port = s.getsockname()[1]  # closed once the with ends: nothing listens there
     with RemoteJudge([f"http://127.0.0.1:{port}"], retries=2, cooldown_s=0.1) as judge:
         res = judge.run(PROGRAMS[1][2], "python", AB)
-    assert (res.verdict, res.passed, res.total) == ("RE", 0, 2)
+    assert (res.verdict, res.passed, res.total) == ("JE", 0, 2)
     assert res.message.startswith("judge error: no judge server answered")
 
 
@@ -102,5 +102,5 @@ def test_judge_config_errors_name_the_field(args, words):
 def test_a_job_the_server_refuses_is_not_retried_and_says_why(servers):
     with RemoteJudge(servers, retries=3) as judge:
         res = judge.run(PROGRAMS[1][2], "python", AB, memory_limit_mb=0)  # the server answers 400
-    assert (res.verdict, res.passed) == ("RE", 0)
+    assert (res.verdict, res.passed) == ("JE", 0)
     assert res.message.startswith("judge error: the server refused the job") and "memory_limit" in res.message
