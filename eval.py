@@ -7,7 +7,8 @@
 --model: any folder `save_pretrained` wrote (full model, merged LoRA, or a LoRA adapter on its base).
 --data: prepared rows (GSM8K, MATH, code), a raw GSM8K or MATH file (recognised by its fields), or SimpleRL
 custom rows {"instruction", "expected_output"}. Writes OUT/samples.jsonl (one row per completion) and
-OUT/summary.json, and prints a table. --n > 1 without --temperature samples at 0.6 (SAMPLING_TEMPERATURE).
+OUT/summary.json (strict JSON: a judge error's reward, or a score over nothing judged, is null), and prints a
+table. --n > 1 without --temperature samples at 0.6 (SAMPLING_TEMPERATURE).
 The scoring is minirl.evaluate.evaluate, the function train.py's held-out evaluation calls, with the same
 scorer (minirl.rewards.Scorer) and the same sandboxed judge for code.
 """
@@ -76,6 +77,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def json_safe(value):
+    """`value` with every NaN (a judge error's reward, a score over nothing judged) as None: JSON has no NaN, and
+    json.dumps would write one that strict readers (jq, JSON.parse) refuse."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    return [json_safe(v) for v in value] if isinstance(value, list) else value
+
+
 def print_table(summary: dict[str, dict]) -> None:
     cols = sorted({k for s in summary.values() for k in s}, key=lambda c: (not c.startswith(("mean", "pass", "maj",
                                                                                                 "greedy")), c))
@@ -113,8 +124,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     out.mkdir(parents=True, exist_ok=True)
     with (out / "samples.jsonl").open("w") as f:
         for r in records:
-            f.write(json.dumps(r) + "\n")
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+            f.write(json.dumps(json_safe(r), allow_nan=False) + "\n")
+    (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False))
     print_table(summary)
     print(f"wrote {out / 'samples.jsonl'} ({len(records)} completions) and {out / 'summary.json'}")
     return summary

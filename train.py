@@ -47,16 +47,19 @@ from minirl.config import Config, check_launcher, parse_config
 from minirl.critic import critic_forward_backward, critic_values, load_critic
 from minirl.data import drop_long_prompts, load_rows, prompt_text
 from minirl.distributed import (broadcast_parameters, gather_rows, gathered, global_counts, global_max,
-                                global_mean, global_sum, shard_and_load, shutdown, sum_gradients_across_processes,
+                                global_mean, global_sum, is_sharded, shard_and_load, shutdown,
+                                sum_gradients_across_processes,
                                 sum_over_processes)
+from minirl.engines import decode
 from minirl.engines.vllm_engine import engine_for
 from minirl.evaluate import evaluate
 from minirl.judge.backends import build_judge
-from minirl.logprobs import batched_logprobs
+from minirl.logprobs import batched_logprobs, check_packing
+from minirl.packing import split_rows
 from minirl.models import (adapter_disabled, autocast, build_policy, config_dtype, load_reference,
                            load_tokenizer, pick_attn_implementation, pick_dtype, resolve_model_path)
 from minirl.rewards import Scorer, build_scorer, is_code, reward_kind
-from minirl.rollout import Rollout, sample
+from minirl.rollout import Rollout
 from minirl.samples import write_samples
 from minirl.sampling import sample_and_score, timed, train_batch
 from minirl.update import (LossSettings, compute_advantages, forward_backward, mini_batches, optim_step,
@@ -67,24 +70,30 @@ def validate(model, tokenizer, rows: list[dict], scorer: Scorer, cfg: Config, ra
              ) -> dict[str, float]:
     """Held-out validation: mean reward (accuracy for 0/1 rewards) per data source, each process scoring its
     share of the rows; returns val/test_score/<data_source>, and for code sources val/accepted/<data_source>,
-    the fraction of programs the judge accepted (pass@1 when greedy: partly right programs score > 0).
+    the fraction of programs the judge accepted (pass@1 when greedy: partly right programs score > 0), and
+    val/judge_errors/<data_source>, the programs the judge could not judge (not scored; NaN scores if none was).
     Sampled validation (val_greedy false) draws with the run's seed every time, so that two validations differ
     by what training changed, not by the draw."""
     with gathered(model):
         records = evaluate(model, tokenizer, rows[rank::world], n=1 if cfg.val_greedy else cfg.group_size,
                            greedy=cfg.val_greedy, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                            scorer=scorer, seed=cfg.seed)
-    records = [r for r in records if r.get("verdict") != "JE"]  # judge errors: not scored (nor counted as rows)
+    errors = [r for r in records if r.get("verdict") == "JE"]  # judge errors: not scored, counted
+    records = [r for r in records if r.get("verdict") != "JE"]
     sources = sorted({r["data_source"] for r in rows})
     code = {r["data_source"] for r in rows if is_code(r)} if scorer.judges_code else set()
     sums = torch.tensor([[sum(r["reward"] for r in records if r["data_source"] == s),
                           sum(1 for r in records if r["data_source"] == s),
-                          sum(1 for r in records if r["data_source"] == s and r.get("verdict") == "AC")]
+                          sum(1 for r in records if r["data_source"] == s and r.get("verdict") == "AC"),
+                          sum(1 for r in errors if r["data_source"] == s)]
                          for s in sources], dtype=torch.float64)
-    sums = global_sum(sums.to(next(model.parameters()).device)).cpu()
-    out = {f"val/test_score/{s}": float(v / max(c, 1)) for s, (v, c, _) in zip(sources, sums.tolist())}
-    return {**out, **{f"val/accepted/{s}": float(a / max(c, 1)) for s, (_, c, a) in zip(sources, sums.tolist())
-                      if s in code}}
+    sums = global_sum(sums.to(next(model.parameters()).device)).cpu().tolist()
+    score = lambda x, c: float(x / c) if c else float("nan")  # noqa: E731 -- nothing judged: no score, not 0
+    out = {f"val/test_score/{s}": score(v, c) for s, (v, c, _, _) in zip(sources, sums)}
+    for s, (_, c, a, e) in zip(sources, sums):
+        if s in code:
+            out.update({f"val/accepted/{s}": score(a, c), f"val/judge_errors/{s}": e})
+    return out
 
 
 def is_on_policy(cfg: Config) -> bool:
@@ -95,11 +104,13 @@ def is_on_policy(cfg: Config) -> bool:
 
 
 def mini_batch_steps(model, optimizer, scheduler, batch: dict[str, torch.Tensor], cfg: Config, step_fn,
-                     prefix: str, micro_batch_size: int, dtype: torch.dtype) -> dict[str, float]:
+                     prefix: str, micro_batch_size: int, dtype: torch.dtype, split=None) -> dict[str, float]:
     """ppo_epochs passes over mini-batches of whole groups, one optimizer step each. step_fn(mb, num_tokens,
     num_seqs, micro_batch_size) accumulates one mini-batch's gradients (normalised by the step's counts over
     all processes) and returns this process's share of its metrics.
-    Returns the metrics summed over processes, averaged over optimizer steps (lr: the last step's rate).
+    Returns the metrics summed over processes, averaged over optimizer steps (lr: the last step's rate;
+    optimizer_skipped: the share of them skipped because no sequence of the mini-batch had a token).
+    split: mini-batch -> its micro-batches' rows (packed_micro_batches), passed as micro_batch_size instead.
 
     Autocast is entered around each step_fn and never around an optimizer step: autocast caches the bf16
     copy of each weight until its context exits, so a later mini-batch would otherwise run on stale weights."""
@@ -111,18 +122,31 @@ def mini_batch_steps(model, optimizer, scheduler, batch: dict[str, torch.Tensor]
             lr = optimizer.param_groups[0]["lr"]  # the rate this optimizer step uses
             num_tokens, num_seqs = global_counts(mb["response_mask"])  # the loss's normalisers
             with autocast(device, dtype):
-                row = step_fn(mb, num_tokens=num_tokens, num_seqs=num_seqs, micro_batch_size=micro_batch_size)
+                row = step_fn(mb, num_tokens=num_tokens, num_seqs=num_seqs,
+                              micro_batch_size=split(mb) if split else micro_batch_size)
             # shares of step totals are summed over processes; "_max" metrics (rollout_corr/) are maxima
             row = {**sum_over_processes({k: v for k, v in row.items() if not k.endswith("_max")}),
                    **{k: global_max(v) for k, v in row.items() if k.endswith("_max")}}
             sum_gradients_across_processes(model)
-            rows.append({**row, "grad_norm": optim_step(model, optimizer, scheduler if last else None,
-                                                                     cfg.max_grad_norm),
-                         "lr": lr})
+            if num_seqs:  # sequences with a token, over every process: each one makes the same choice
+                grad_norm = optim_step(model, optimizer, scheduler if last else None, cfg.max_grad_norm)
+            else:  # no token to learn from (every sequence a judge error): AdamW's momentum and weight decay
+                optimizer.zero_grad(set_to_none=True)  # would still move the weights, so no optimizer step
+                grad_norm = 0.0
+                if last and scheduler is not None:
+                    scheduler.step()  # the schedule counts training steps
+            rows.append({**row, "grad_norm": grad_norm, "lr": lr, "optimizer_skipped": float(not num_seqs)})
     over_steps = lambda k: rows[-1][k] if k == "lr" else max(r[k] for r in rows) if k.endswith("_max") \
         else sum(r[k] for r in rows) / len(rows)  # noqa: E731
     # a metric with its own namespace (verl's rollout_corr/) keeps it
     return {k if "/" in k else f"{prefix}/{k}": over_steps(k) for k in rows[0]}
+
+
+def packed_micro_batches(cfg: Config, batch: dict[str, torch.Tensor], R: int) -> list[range]:
+    """pack_sequences: each micro-batch's rows, by a budget of real tokens (micro_batch_tokens; 0: micro_batch_size
+    rows each), as many micro-batches on every process (FSDP's collectives need as many passes everywhere)."""
+    args = (batch["input_ids"], batch["attention_mask"], R, cfg.micro_batch_tokens, cfg.micro_batch_size)
+    return split_rows(*args, count=int(global_max(len(split_rows(*args)))))
 
 
 def per_sequence(batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -196,12 +220,19 @@ def main(argv: list[str] | None = None) -> dict:
     lora = dict(rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
                 target_modules=cfg.lora_target_modules) if cfg.lora_rank > 0 else None
     # fsdp: built on the meta device, sharded, then filled from the files that process 0 reads: no process holds
-    # the whole model (one process: the same path, nothing to shard); before the optimizer, which holds shards
+    # the whole model (one process: the same path; sharded over a group of one under torchrun); before the
+    # optimizer, which holds shards
     place = functools.partial(shard_and_load, device=device, compute_dtype=dtype) if cfg.fsdp else None
     policy = build_policy(path, device, dtype, attn, lora, cfg.gradient_checkpointing, cfg.load_in_bits,
                           cfg.seed, keep_dropout=cfg.keep_dropout, place=place)
     if lora:
         broadcast_parameters(p for p in policy.parameters() if p.requires_grad)  # the same adapter everywhere
+    if cfg.fsdp:
+        accelerator.print(f"fsdp: policy {'sharded over' if is_sharded(policy) else 'not sharded (no process group)'}"
+                          f" {world} process(es)")
+    if cfg.rollout_engine == "hf":  # whether minirl's decode loop serves the model (else HF generate): said now
+        with gathered(policy):
+            decode.check_model(policy)
     policy.train()
     torch.manual_seed(cfg.seed * 1000 + rank)  # from here on, different samples on each process
     # the KL reference: a frozen copy, or with LoRA the policy with its adapter switched off (no second copy)
@@ -223,9 +254,12 @@ def main(argv: list[str] | None = None) -> dict:
     adam = dict(weight_decay=cfg.weight_decay, betas=(cfg.adam_beta1, cfg.adam_beta2))
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr, **adam)
     scheduler = warmup_constant_schedule(optimizer, cfg.warmup_steps)
+    if cfg.pack_sequences:  # after the optimizer: FSDP's root keeps its gathered weights after a forward pass
+        check_packing(policy, dtype)  # a model whose packed log-probs are not its padded ones is refused
     critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, **adam) if critic else None
     # one mini-batch's gradients: (mb, num_tokens, num_seqs) -> this process's share of the metrics
-    actor_step = functools.partial(forward_backward, policy, loss=LossSettings.from_config(cfg))
+    actor_step = functools.partial(forward_backward, policy, loss=LossSettings.from_config(cfg),
+                                   packed=cfg.pack_sequences)
     critic_step = lambda mb, num_tokens, num_seqs, micro_batch_size: critic_forward_backward(  # noqa: E731
         critic, mb, micro_batch_size, num_tokens, cfg.value_clip)
 
@@ -257,22 +291,25 @@ def main(argv: list[str] | None = None) -> dict:
             with autocast(device, dtype):  # gen, reward
                 rollout, rows, rewards, position, m_batch = sample_and_score(
                     policy, tokenizer, train_rows, scorer, cfg, position, rank, world, timing,
-                    functools.partial(sample, kv_budget_gb=cfg.rollout_kv_budget_gb) if cfg.rollout_engine == "hf"
-                    else engine_for(cfg).sample, details)  # vLLM: minirl/engines
+                    None if cfg.rollout_engine == "hf" else engine_for(cfg).sample, details)  # vLLM: minirl/engines
             batch = train_batch(rollout, cfg.mask_truncated, device, rewards)  # judge errors: no loss
             seqs = (batch["input_ids"], batch["attention_mask"], rollout.response_ids.shape[1])  # ids, mask, R
             # micro-batch size from a token budget over the widest process's batch, so all run as many passes
             mbs = max(1, int(cfg.micro_batch_tokens // global_max(seqs[0].shape[1]))) \
                 if cfg.micro_batch_tokens else cfg.micro_batch_size
+            # pack_sequences: micro-batches by their real tokens, run without padding (minirl/packing.py)
+            split = functools.partial(packed_micro_batches, cfg, R=seqs[2]) if cfg.pack_sequences else None
+            pack = dict(packed=True) if cfg.pack_sequences else {}
             with timed("old_log_prob", timing), autocast(device, dtype):  # on-policy: the update's own pass
                 if not is_on_policy(cfg):
-                    batch["old_logp"], entropy = batched_logprobs(policy, *seqs, mbs, cfg.temperature,
-                                                                  with_entropy=True)                  # (N, R)
+                    batch["old_logp"], entropy = batched_logprobs(policy, *seqs, split(batch) if split else mbs,
+                                                                  cfg.temperature, with_entropy=True, **pack)
             with timed("ref", timing), autocast(device, dtype):
                 if cfg.kl_coef > 0:  # the frozen copy, or with LoRA the policy with its adapter switched off
                     with adapter_disabled(policy) if ref_model is None else contextlib.nullcontext():
-                        batch["ref_logp"], _ = batched_logprobs(ref_model or policy, *seqs, mbs,
-                                                                cfg.temperature)
+                        batch["ref_logp"], _ = batched_logprobs(ref_model or policy, *seqs,
+                                                                split(batch) if split else mbs, cfg.temperature,
+                                                                **pack)
             with timed("values", timing), autocast(device, dtype):
                 if critic is not None:
                     batch["old_values"] = critic_values(critic, *seqs, mbs)                          # (N, R)
@@ -285,7 +322,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                 cfg, critic_step, "critic", mbs, dtype)
             with timed("update_actor", timing):
                 m_update.update(mini_batch_steps(policy, optimizer, scheduler, batch, cfg, actor_step, "actor",
-                                                 mbs, dtype))
+                                                 mbs, dtype, split))
             if val_rows and (step == cfg.max_steps or (cfg.val_every and step % cfg.val_every == 0)):
                 with timed("testing", timing), autocast(device, dtype):
                     val = validate(policy, tokenizer, val_rows, scorer, cfg, rank, world)

@@ -174,6 +174,7 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
 
 
 def rng_state() -> dict:
+    # device-branch: checkpoint/cuda-rng
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
@@ -182,7 +183,7 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
+    if state.get("cuda") is not None and torch.cuda.is_available():  # device-branch: checkpoint/cuda-rng
         torch.cuda.set_rng_state_all(state["cuda"])
 
 

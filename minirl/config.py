@@ -26,7 +26,7 @@ class Config:
     # the final model's dtype; auto: as its config says
     save_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # auto: flash-attn where it is installed, on CUDA, with dtype bfloat16/float16 (it takes no fp32); else sdpa
-    attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = "auto"
+    attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = "auto"  # device-branch: models/attn-pick
     gradient_checkpointing: bool = False  # recompute activations in backward (generation keeps the KV cache)
     fsdp: bool = False                    # shard the policy with FSDP2 across processes (full fine-tuning)
     load_in_bits: Literal[0, 4, 8] = 0    # 4/8-bit base weights, bitsandbytes (CUDA only; needs lora_rank > 0)
@@ -106,7 +106,11 @@ class Config:
     ppo_epochs: int = 1                   # passes over each rollout batch
     mini_batches: int = 1                 # optimizer steps per pass; > 1: later steps are off-policy (ratio != 1)
     micro_batch_size: int = 32            # sequences per forward/backward; changes memory, not the result
-    micro_batch_tokens: int = 0           # > 0: size micro-batches by a token budget (sequences x padded length)
+    micro_batch_tokens: int = 0           # > 0: size micro-batches by a token budget (sequences x padded length;
+                                          # with pack_sequences, the real tokens run: a group's prompt once)
+    pack_sequences: bool = False          # training passes without padding: each micro-batch's rows packed end to
+                                          # end, a group's prompt run once (minirl/packing.py); equal log-probs up
+                                          # to float rounding, so off by default (recipes' metrics stay bitwise)
     # --- optimizer -----------------------------------------------------------------------------------------
     lr: float = 2e-4                      # the toy model's rate; full fine-tuning of a 1-7B model wants ~1e-6
     weight_decay: float = 0.0
@@ -302,6 +306,7 @@ def check_launcher(cfg: Config, env: typing.Mapping[str, str], on_gpu: bool) -> 
         notes.append("accelerate: FSDP is minirl's own FSDP2 (--fsdp true); the fsdp_* settings of the accelerate "
                      "config (sharding strategy, offload, wrap policy) are not read")
     mixed = env.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
+    on_gpu = on_gpu and not on("ACCELERATE_USE_CPU")  # `use_cpu: true` runs on CPU, where dtype auto is fp32
     dtype = {"auto": "bfloat16" if on_gpu else "float32"}.get(cfg.dtype, cfg.dtype)
     if mixed in ("fp16", "fp8"):
         raise ConfigError(f"the accelerate config asks for mixed_precision: {mixed}, which minirl does not do "
@@ -384,7 +389,7 @@ def parse_config(argv: list[str] | None = None) -> Config:
     """Defaults <- `--config file.yaml` <- `--key value` pairs (later wins)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = Config()
-    if argv and argv[0] in ("-h", "--help"):
+    if any(a in ("-h", "--help") for a in argv):  # anywhere: `train.py --config x.yaml --help` too
         print(help_text())
         raise SystemExit(0)
     pairs: dict[str, str] = {}

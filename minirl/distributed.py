@@ -107,7 +107,7 @@ def gather_rows(*tensors: torch.Tensor) -> list[torch.Tensor]:
 
 def _device() -> torch.device:
     """The device collectives run on: the current GPU under NCCL, the CPU under gloo."""
-    if dist.get_backend() == "nccl":
+    if dist.get_backend() == "nccl":  # device-branch: distributed/nccl-device
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -225,7 +225,8 @@ def shard_and_load(model, path: str, device: torch.device, compute_dtype: torch.
     any process: shard it (several processes), allocate each process's shard on `device`, then process 0 reads
     the files a chunk at a time and `set_model_state_dict(broadcast_from_rank0=True)` sends each tensor to
     every process, which keeps its shard. Peak memory: process 0 one chunk (host) plus its shard, the others
-    their shard plus the tensor in flight. One process is the same path: nothing to shard or broadcast. The
+    their shard plus the tensor in flight. One process is the same path (sharded over a group of one where a
+    launcher made a process group, e.g. torchrun on one GPU; without one, nothing to shard or broadcast). The
     files must be readable by process 0 only.
 
     The meta model's buffers (rotary frequencies, not in the files) were built for real and are put back after
@@ -233,7 +234,7 @@ def shard_and_load(model, path: str, device: torch.device, compute_dtype: torch.
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     from minirl.models.weights import file_chunks, read_chunk
-    if world_size() > 1:
+    if dist.is_available() and dist.is_initialized():  # a launcher's group, of one process too (torchrun)
         shard(model, compute_dtype)
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     swap = torch.__future__.get_swap_module_params_on_conversion()

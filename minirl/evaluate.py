@@ -83,36 +83,35 @@ def evaluate(model, tokenizer, rows: list[dict], n: int = 1, greedy: bool = True
 
 def summarize(records: list[dict], ks: list[int] | None = None, greedy: bool = False) -> dict[str, dict]:
     """Per data source: mean@n, pass@k, maj@n (math), greedy accuracy, lengths, time per token, tokens/s.
-    Completions the judge could not judge (verdict JE: no reward) are not scored, only counted (judge_errors);
-    a problem's n is then its judged completions, and pass@k counts the problems with at least k of them."""
+    Completions the judge could not judge (verdict JE: no reward) are not scored, only counted: `judged` and
+    `judge_errors` per code source. The keys keep the n asked for (`n`: completions per problem), whatever the
+    number of judge errors; mean@n averages the judged completions, pass@k the problems with at least k judged
+    ones, and either is NaN where nothing was judged. Lengths and speed count every completion generated."""
     by_source: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
-    errors: Counter = Counter()
     for r in records:
-        if r.get("verdict") == "JE":
-            errors[r["data_source"]] += 1
-        else:
-            by_source[r["data_source"]][r["index"]].append(r)
-    summary = {src: {"problems": 0, "judge_errors": errors[src]} for src in errors if src not in by_source}
+        by_source[r["data_source"]][r["index"]].append(r)
+    summary, nan = {}, float("nan")
+    mean = lambda xs: sum(xs) / len(xs) if xs else nan  # noqa: E731
     for src, problems in by_source.items():
-        groups = list(problems.values())
-        n = min(len(g) for g in groups)
+        everything = [r for g in problems.values() for r in g]
+        n = max(len(g) for g in problems.values())                      # the completions asked for per problem
+        groups = [[r for r in g if r.get("verdict") != "JE"] for g in problems.values()]  # judged ones
         flat = [r for g in groups for r in g]
         correct = [sum(r["reward"] >= 1.0 - 1e-9 for r in g) for g in groups]
-        s = {"problems": len(groups), "n": n, f"mean@{n}": sum(r["reward"] for r in flat) / len(flat)}
-        if "verdict" in flat[0]:
-            s["judge_errors"] = errors[src]
+        s = {"problems": len(groups), "n": n, f"mean@{n}": mean([r["reward"] for r in flat])}
+        if "verdict" in everything[0]:
+            s.update(judged=len(flat), judge_errors=len(everything) - len(flat))
         for k in ks or []:
             scored = [(g, c) for g, c in zip(groups, correct) if len(g) >= k]
-            if scored:
-                s[f"pass@{k}"] = sum(pass_at_k(len(g), c, k) for g, c in scored) / len(scored)
-        if "verdict" not in flat[0]:
+            s[f"pass@{k}"] = mean([pass_at_k(len(g), c, k) for g, c in scored])
+        if "verdict" not in everything[0]:
             s[f"maj@{n}"] = sum(majority_vote([r["answer"] for r in g], [r["reward"] for r in g])
                                 for g in groups) / len(groups)
         if greedy:
-            s["greedy_accuracy"] = sum(c > 0 for c in correct) / len(groups)
-        tokens, seconds = sum(r["tokens"] for r in flat), sum(r["seconds"] for r in flat)
-        s.update({"mean_completion_tokens": tokens / len(flat), "truncated_fraction":
-                  sum(r["truncated"] for r in flat) / len(flat),
+            s["greedy_accuracy"] = mean([float(c > 0) for g, c in zip(groups, correct) if g])
+        tokens, seconds = sum(r["tokens"] for r in everything), sum(r["seconds"] for r in everything)
+        s.update({"mean_completion_tokens": tokens / len(everything), "truncated_fraction":
+                  sum(r["truncated"] for r in everything) / len(everything),
                   "seconds_per_token": seconds / max(tokens, 1), "tokens_per_second": tokens / max(seconds, 1e-9)})
         summary[src] = s
     return summary

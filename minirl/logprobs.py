@@ -13,7 +13,11 @@ distribution `generate` samples from. `token_logprobs` computes the same numbers
 2. Prompt sharing (`states_before_responses`). Adjacent rows with the same prompt (a GRPO group) run it through
    the transformer once; its KV cache serves all of them. Only where that is exact (see its docstring).
 
-`check_exact` runs both on a short batch when a model is loaded, and refuses a model whose log-probs they do
+3. Packing (`packed_logprobs`, config pack_sequences, off by default): the rows' real tokens end to end without
+   padding, a group's prompt laid once in the same pass (minirl/packing.py lays them out); `check_packing` refuses
+   a model for which that is not exact.
+
+`check_exact` runs 1 and 2 on a short batch when a model is loaded, and refuses a model whose log-probs they do
 not reproduce (docs/architectures.md lists the families refused, and why): a property of the architecture's
 forward, checked in fp32 where the model runs in fp32, else at its dtype's resolution.
 
@@ -21,11 +25,13 @@ Shapes: N sequences, P prompt tokens (left-padded), R response tokens (right-pad
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from minirl import packing
 from minirl.config import ConfigError
 
 
@@ -92,12 +98,14 @@ def check_exact(model, compute_dtype: torch.dtype | None = None, tolerance: floa
        in another order);
     2. prompt sharing: token_logprobs with the group's prompt run once equal those of whole rows.
 
-    They are checked in fp32 where the model runs in fp32 (autocast off; tolerance 1e-4). Where it cannot (half
-    weights: a frozen LoRA or 4-bit base, the reference; an attention kernel that takes only fp16/bf16, such as
-    flash-attn, run under autocast in `compute_dtype` as the trainer does) both differ by that dtype's rounding,
-    which scales with the logits: the tolerance is k * u * max|logit| (u the unit roundoff, 2^-8 in bf16; k = 2
-    for 1, the rounding of each logit; k = 8 for 2, measured on SmolLM2-135M in bf16: 0.5-2.5 u * max|logit| over
-    a 30-layer body, so a margin of 3x). A transform minirl does not apply moves log-probs by far more.
+    Both are properties of the architecture, so they are checked in fp32 (tolerance 1e-4) wherever the model can
+    run in fp32: half weights (a frozen LoRA base, the reference) are upcast for the check and cast back (bf16 ->
+    fp32 -> bf16 is exact), and an attention kernel that takes only fp16/bf16 (flash-attn) is swapped for sdpa
+    for the check (the same maths). That kernel also runs the check under autocast in `compute_dtype`, as the
+    trainer runs it, where both comparisons differ by that dtype's rounding, which scales with the logits:
+    tolerance k * u * max|logit| (u the unit roundoff, 2^-8 in bf16; k = 2 for 1; k = 8 for 2, measured on
+    SmolLM2-135M in bf16: 0.5-2.5 u * max|logit| over a 30-layer body). Only a quantised base (bitsandbytes),
+    which cannot run in fp32, is checked at that looser tolerance alone.
 
     A forward pass that fails in fp32 and runs in half precision is the kernel's dtype rule, never the
     architecture: with `compute_dtype` fp32 (or None) that is a ConfigError naming the fix."""
@@ -114,14 +122,16 @@ def check_exact(model, compute_dtype: torch.dtype | None = None, tolerance: floa
     was_training = model.training
     model.eval()
     try:
+        checks = []                                                 # (errors, loose tolerance allowed)
         try:
-            with torch.autocast(device.type, enabled=False):       # as the model is: fp32 weights compute fp32
-                errors = _exactness_errors(model, ids, mask)
+            # device-branch: logprobs/check-exact-dtype
+            with torch.autocast(device.type, enabled=False), _in_fp32(model):  # fp32 weights compute fp32
+                checks.append((_exactness_errors(model, ids, mask), False))
         except Exception as e:  # noqa: BLE001  (a kernel that takes no fp32; or no decoder, no position_ids, ...)
             half = compute_dtype if compute_dtype in HALF else torch.bfloat16
             try:
-                with torch.autocast(device.type, dtype=half):
-                    errors = _exactness_errors(model, ids, mask)
+                with torch.autocast(device.type, dtype=half):  # device-branch: logprobs/check-exact-dtype
+                    checks.append((_exactness_errors(model, ids, mask), True))
             except Exception:  # noqa: BLE001
                 raise InexactModelError(f"minirl cannot run its forward pass on {name}: {type(e).__name__}: {e}; "
                                         "see docs/architectures.md") from e
@@ -131,19 +141,55 @@ def check_exact(model, compute_dtype: torch.dtype | None = None, tolerance: floa
                     f"{name} runs in {half} but not in {compute_dtype or torch.float32} ({type(e).__name__}: {e}): "
                     f"its attention kernel ({attn}) computes in float16/bfloat16 only; pass --dtype bfloat16 "
                     "(minirl computes under autocast), or --attn_implementation sdpa") from e
+            try:  # the architecture in fp32 with sdpa: the half-only kernel's rounding hides no bug
+                with torch.autocast(device.type, enabled=False), _in_fp32(model), _attention(model, "sdpa"):
+                    checks.append((_exactness_errors(model, ids, mask), False))
+            except Exception:  # noqa: BLE001  (quantised weights, or a model that cannot swap its attention)
+                pass
     finally:
         model.train(was_training)
-    path_error, sharing_error, u, scale = errors
-    for what, error, k in (("logit", path_error, 2), ("sharing", sharing_error, 8)):
-        limit = tolerance or max(1e-4, k * u * scale)
-        if not error <= limit:                                      # also refuses NaN
-            raise InexactModelError(f"minirl cannot compute {name}'s log-probs exactly: " + (
-                f"max |log_softmax(final transform(LM head(last states))) - log_softmax(model(ids).logits)| = "
-                f"{error:.3g} > {limit:.3g} on a test batch; its causal-LM class transforms the LM head's output "
-                "in a way minirl does not reproduce" if what == "logit" else
-                f"sharing a prompt's KV cache across its group changes log-probs by {error:.3g} > {limit:.3g} on a "
-                "test batch; its attention or positions depend on more than the prompt") +
-                " (docs/architectures.md lists the families minirl supports)")
+    for (path_error, sharing_error, u, scale), loose in checks:
+        for what, error, k in (("logit", path_error, 2), ("sharing", sharing_error, 8)):
+            limit = tolerance or (max(1e-4, k * u * scale) if loose else 1e-4)
+            if not error <= limit:                                  # also refuses NaN
+                raise InexactModelError(f"minirl cannot compute {name}'s log-probs exactly: " + (
+                    f"max |log_softmax(final transform(LM head(last states))) - log_softmax(model(ids).logits)| = "
+                    f"{error:.3g} > {limit:.3g} on a test batch; its causal-LM class transforms the LM head's "
+                    "output in a way minirl does not reproduce" if what == "logit" else
+                    f"sharing a prompt's KV cache across its group changes log-probs by {error:.3g} > {limit:.3g} "
+                    "on a test batch; its attention or positions depend on more than the prompt") +
+                    " (docs/architectures.md lists the families minirl supports)")
+
+
+@contextlib.contextmanager
+def _in_fp32(model):
+    """Half-precision weights and buffers upcast to fp32 for the duration, then cast back to the dtype each had
+    (bf16/fp16 -> fp32 -> bf16/fp16 is exact). Peak: the model in fp32 while it lasts. A quantised (integer)
+    weight cannot be upcast: then this raises, and the caller checks in half precision."""
+    tensors = [(m, kind, n) for m in model.modules() for kind in ("_parameters", "_buffers")
+               for n, t in getattr(m, kind).items() if t is not None and t.dtype in HALF]
+    if any(not p.is_floating_point() for p in model.parameters()):
+        raise TypeError("quantised weights run in their own dtype only")
+    saved = [(m, kind, n, getattr(m, kind)[n].dtype) for m, kind, n in tensors]
+    try:
+        for m, kind, n, _ in saved:
+            getattr(m, kind)[n].data = getattr(m, kind)[n].data.float()
+        yield
+    finally:
+        for m, kind, n, dtype in saved:
+            getattr(m, kind)[n].data = getattr(m, kind)[n].data.to(dtype)
+
+
+@contextlib.contextmanager
+def _attention(model, implementation: str):
+    """The model's attention kernel swapped for `implementation` for the duration (transformers'
+    set_attn_implementation), then put back."""
+    before = model.config._attn_implementation
+    model.set_attn_implementation(implementation)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
 
 
 def _exactness_errors(model, ids: torch.Tensor, mask: torch.Tensor, R: int = 4) -> tuple[float, float, float, float]:
@@ -160,7 +206,7 @@ def _exactness_errors(model, ids: torch.Tensor, mask: torch.Tensor, R: int = 4) 
     whole, _ = chunked_logprobs(hidden, ids[:, -R:], head, transform=transform)
     shared, _ = token_logprobs(model, ids, mask, R)
     low = logits.dtype
-    if torch.is_autocast_enabled(ids.device.type):
+    if torch.is_autocast_enabled(ids.device.type):  # device-branch: logprobs/check-exact-dtype
         low = max(low, torch.get_autocast_dtype(ids.device.type), key=lambda d: torch.finfo(d).eps)
     return (float(path_error), float((shared - whole).abs().max()), torch.finfo(low).eps / 2,
             float(logits.float().abs().max()))
@@ -182,12 +228,34 @@ def fp32_head(lm_head: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor
     # FSDP2's FSDPLinear subclasses nn.Linear and keeps its forward: a plain head
     if type(lm_head).forward is not torch.nn.Linear.forward or not weight.is_floating_point():
         return lambda hidden: lm_head(hidden).float()
+    # a body in half precision: its states carry bf16's rounding, which TF32's (2^-11) does not add to, and TF32
+    # runs the V x H matmul ~8x faster than IEEE fp32 on a GPU; an fp32 run keeps IEEE fp32 (exactness checks)
+    tf32 = torch.is_autocast_enabled(weight.device.type) or weight.dtype in HALF
     weight, bias = weight.float(), None if bias is None else bias.float()
 
     def head(hidden: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(hidden.device.type, enabled=False):
+        with torch.autocast(hidden.device.type, enabled=False), _tf32_matmuls(hidden.device, tf32):
             return torch.nn.functional.linear(hidden.float(), weight, bias)
     return head
+
+
+@contextlib.contextmanager
+def _tf32_matmuls(device: torch.device, on: bool):
+    """fp32 matmuls on `device` in TF32 for the duration (CUDA only; torch's new precision API, restored after).
+    Where the user set the precision through the legacy flags, torch refuses to read the new one: left as is."""
+    matmul = torch.backends.cuda.matmul
+    before = None
+    if on and device.type == "cuda":  # device-branch: logprobs/fp32-head
+        try:
+            before = matmul.fp32_precision
+            matmul.fp32_precision = "tf32"
+        except RuntimeError:  # the legacy allow_tf32 flag was set: mixing the two APIs is an error in torch
+            before = None
+    try:
+        yield
+    finally:
+        if before is not None:
+            matmul.fp32_precision = before
 
 
 def _chunk_logp(hidden: torch.Tensor, targets: torch.Tensor, head, transform, temperature: float,
@@ -242,7 +310,8 @@ def states_before_responses(model, input_ids: torch.Tensor, attention_mask: torc
     Every row runs whole instead where that does not hold or cannot work: RoPE whose frequencies depend on the
     longest position in the call (`dynamic`, `longrope`: the prompt-only pass would use the short ones), caches
     that are not plain appended keys and values (linear attention), gradient checkpointing (transformers drops
-    the cache there) and FSDP (each layer would be gathered twice per step)."""
+    the cache there) and FSDP (each layer would be gathered twice per step). A packed pass (`packed_logprobs`,
+    config pack_sequences) shares the prompt within its one pass, under both."""
     decoder = model.get_decoder()
     positions = position_ids_from_mask(attention_mask)
     P = input_ids.shape[1] - R
@@ -290,11 +359,77 @@ def _plain_attention_cache(cache) -> bool:
         all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
 
 
+# -- optimisation 3: rows packed without padding (config pack_sequences) ------------------------------
+
+def packed_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int,
+                    temperature: float = 1.0, chunk_tokens: int | None = None, with_entropy: bool = False,
+                    share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """token_logprobs's numbers (N, R), 0 at padding, from one pass over the rows packed without padding
+    (minirl/packing.py lays them out and says how attention stays within a row). share_prompts: a group's prompt
+    laid once, its responses attending to it, where minirl builds the mask (packing.MASKED_KERNELS)."""
+    R = num_response_tokens
+    N = input_ids.shape[0]
+    kernel = getattr(model.config, "_attn_implementation", None) or "eager"
+    masked = kernel in packing.MASKED_KERNELS and packing.plain_causal(model)
+    pad_id = getattr(model.config, "pad_token_id", None) or 0
+    # one bin for a varlen kernel (flash-attn: batch 1, positions restarting per row), else bins of the longest unit
+    packed = packing.pack(input_ids, attention_mask, R, share_prompts and masked,
+                          one_bin=kernel not in packing.MASKED_KERNELS, pad_id=pad_id)
+    if masked and packed.ids.numel() * packed.ids.shape[1] > input_ids.numel() * input_ids.shape[1]:
+        # a group laid as one unit longer than padding makes its rows: its (b, L, L) mask and scores would
+        # exceed the padded pass's (N, P+R, P+R); unshared, each bin is at most one row's width
+        packed = packing.pack(input_ids, attention_mask, R, False, pad_id=pad_id)
+    mask = None
+    if masked:
+        embed = model.get_input_embeddings().weight
+        mask = packing.attention_mask_4d(packed, None if kernel == "sdpa" else embed.dtype)
+    states = model.get_decoder()(input_ids=packed.ids, attention_mask=mask, position_ids=packed.positions,
+                                 use_cache=False).last_hidden_state                          # (b, L, H)
+    hidden = states.reshape(-1, states.shape[-1])[packed.before]                             # (T, H)
+    targets = input_ids[:, -R:].reshape(-1)[packed.where]                                    # (T,)
+    logp, entropy = chunked_logprobs(hidden[None], targets[None], model.get_output_embeddings(), temperature,
+                                     chunk_tokens, with_entropy, final_logits_transform(model))  # (1, T)
+    out = logp.new_zeros(N * R).index_put((packed.where,), logp[0]).view(N, R)
+    if with_entropy:
+        entropy = entropy.new_zeros(N * R).index_put((packed.where,), entropy[0]).view(N, R)
+    return out, entropy
+
+
+@torch.no_grad()
+def check_packing(model, compute_dtype: torch.dtype | None = None, tolerance: float | None = None) -> None:
+    """Refuse (ConfigError, naming pack_sequences) a model whose packed log-probs are not its padded ones on a
+    short batch: three rows sharing a prompt with responses of 6, 2 and 1 tokens, a left-padded row with one of 3
+    (laid in two bins, the first holding four segments that must not see each other). Collective under FSDP.
+    The tolerance is 1e-4 in fp32; where weights or compute are half (`compute_dtype`: FSDP computes in it) the
+    two differ by that rounding, 8 * 2^-8 * max|logp| (check_exact's margin for prompt sharing)."""
+    V = model.get_output_embeddings().weight.shape[0]
+    device = model.get_output_embeddings().weight.device
+    ids = (torch.arange(64, device=device).view(4, 16) * 7 + 3) % V
+    ids[1:3, :10] = ids[0, :10]
+    mask = torch.ones_like(ids)
+    mask[1, 12:], mask[2, 11:], mask[3, :6], mask[3, 13:] = 0, 0, 0, 0
+    was_training = model.training
+    model.eval()
+    try:
+        padded, _ = token_logprobs(model, ids, mask, 6)
+        packed, _ = token_logprobs(model, ids, mask, 6, packed=True)
+    finally:
+        model.train(was_training)
+    real = mask[:, -6:].bool()
+    error = float((padded - packed)[real].abs().max())
+    half = {compute_dtype, model.get_input_embeddings().weight.dtype} & {torch.float16, torch.bfloat16}
+    limit = tolerance or (8 * 2 ** -8 * float(padded[real].abs().max()) if half else 1e-4)
+    if not error <= limit:
+        raise ConfigError(f"config key 'pack_sequences': {type(model).__name__}'s packed log-probs differ from its "
+                          f"padded ones by {error:.3g} > {limit:.3g} on a test batch (its layers carry state across "
+                          "the packed rows, or ignore position_ids); set pack_sequences: false")
+
+
 # -- the entry points -------------------------------------------------------------------------------------
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int,
-                   temperature: float = 1.0, chunk_tokens: int | None = None, with_entropy: bool = False
-                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   temperature: float = 1.0, chunk_tokens: int | None = None, with_entropy: bool = False,
+                   packed: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi_T(y_t | x, y_<t) at each response position, and (with_entropy) the entropy, which never has a graph.
 
     pi_T is the distribution the rollout sampled from: softmax(logits / temperature). Old, reference and current
@@ -302,31 +437,43 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     the logits by T the same way; top-p/top-k truncation is not modelled, as in both).
     input_ids/attention_mask: (N, P+R), prompt left-padded then response right-padded. Returns (N, R) fp32
     tensors aligned with the response tokens (values at padding are meaningless; mask them).
+    packed: the rows' real tokens packed end to end, without padding (minirl/packing.py; config pack_sequences):
+    the same numbers up to float rounding, 0 at padding.
     """
     # distributed.shard() gives an FSDP model a `minirl_token_logprobs` method registered as a forward method,
     # so that the root's hooks gather the shards around this whole pass; every other model has none
     sharded = getattr(model, "minirl_token_logprobs", None)
     if sharded is not None:
-        return sharded(input_ids, attention_mask, num_response_tokens, temperature, chunk_tokens, with_entropy)
+        return sharded(input_ids, attention_mask, num_response_tokens, temperature, chunk_tokens, with_entropy,
+                       packed=packed)
     return _token_logprobs_unsharded(model, input_ids, attention_mask, num_response_tokens, temperature,
-                                     chunk_tokens, with_entropy)
+                                     chunk_tokens, with_entropy, packed=packed)
 
 
 @torch.no_grad()
 def batched_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int,
-                     micro_batch_size: int, temperature: float = 1.0, with_entropy: bool = False
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     micro_batch_size: int | list[range], temperature: float = 1.0, with_entropy: bool = False,
+                     packed: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`token_logprobs` without gradients, micro-batch by micro-batch: old log-probs (with the entropy metric)
-    and the reference's log-probs.  -> (N, R), (N, R) | None"""
-    parts = [token_logprobs(model, input_ids[s:s + micro_batch_size], attention_mask[s:s + micro_batch_size],
-                            num_response_tokens, temperature, with_entropy=with_entropy)
-             for s in range(0, input_ids.shape[0], micro_batch_size)]
+    and the reference's log-probs. micro_batch_size: rows per micro-batch, or each one's rows (contiguous ranges
+    covering the batch in order: packing.split_rows).  -> (N, R), (N, R) | None"""
+    N = input_ids.shape[0]
+    ranges = micro_batch_size if isinstance(micro_batch_size, list) else \
+        [range(s, min(s + micro_batch_size, N)) for s in range(0, N, micro_batch_size)]
+    parts = [token_logprobs(model, input_ids[r.start:r.stop], attention_mask[r.start:r.stop], num_response_tokens,
+                            temperature, with_entropy=with_entropy, packed=packed) for r in ranges]
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]) if with_entropy else None
 
 
 def _token_logprobs_unsharded(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int,
                               temperature: float = 1.0, chunk_tokens: int | None = None, with_entropy: bool = False,
-                              share_prompts: bool = True):
+                              share_prompts: bool = True, packed: bool = False):
+    """token_logprobs on a model that is not sharded (or inside FSDP's forward method: distributed.shard).
+    share_prompts: the two-pass sharing of states_before_responses (FSDP turns it off); a packed pass shares
+    a group's prompt within its one pass whenever its mask allows (packed_logprobs)."""
+    if packed:
+        return packed_logprobs(model, input_ids, attention_mask, num_response_tokens, temperature, chunk_tokens,
+                               with_entropy)
     R = num_response_tokens
     hidden = states_before_responses(model, input_ids, attention_mask, R, share_prompts)          # (N, R, H)
     return chunked_logprobs(hidden, input_ids[:, -R:], model.get_output_embeddings(), temperature, chunk_tokens,

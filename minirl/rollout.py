@@ -154,6 +154,7 @@ def kv_bytes_per_row(model, tokens: int) -> int:
     k_dim = getattr(config, "qk_head_dim", None) or head_dim      # MLA (DeepSeek-V3): keys and values differ
     v_dim = getattr(config, "v_head_dim", None) or head_dim
     device = next(model.parameters()).device
+    # device-branch: rollout/kv-budget
     dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else \
         next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     return layers * heads * (k_dim + v_dim) * tokens * dtype.itemsize
@@ -162,7 +163,7 @@ def kv_bytes_per_row(model, tokens: int) -> int:
 def free_memory_bytes(device: torch.device) -> int | None:
     """What the rollout may take on `device`: a GPU's free memory plus what torch's allocator holds unused;
     None on CPU (no limit). Tests override it to force the GPU's branch."""
-    if device.type != "cuda":
+    if device.type != "cuda":  # device-branch: rollout/kv-budget
         return None
     free, _ = torch.cuda.mem_get_info(device)
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)

@@ -48,8 +48,10 @@ def sample_round(policy, tokenizer, rows: list[dict], scorer: Scorer, cfg: Confi
     when none was extracted) is counted into it; `causes`: the judge errors' messages are added to it;
     `details_out`: the scorer's details of each completion (answer, verdict) are added to it."""
     with timed("gen", timing), gathered(policy):  # FSDP: full weights once per rollout, not per token
-        rollout = (generate or sample)(policy, tokenizer, [prompt_text(r, tokenizer) for r in rows],
-                                       cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
+        prompts = [prompt_text(r, tokenizer) for r in rows]
+        args = (policy, tokenizer, prompts, cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
+        # the built-in engines decode in chunks that fit the key/value budget (rollout.sample)
+        rollout = generate(*args) if generate else sample(*args, kv_budget_gb=cfg.rollout_kv_budget_gb)
     with timed("reward", timing):
         details = scorer.details(rollout.texts, [r for r in rows for _ in range(cfg.group_size)])
         rewards = torch.tensor([d["reward"] for d in details])

@@ -85,9 +85,10 @@ def mini_batches(batch: dict[str, torch.Tensor], count: int, group_size: int) ->
     return [{k: v[s:e] for k, v in batch.items()} for s, e in zip([0] + ends[:-1], ends)]
 
 
-def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, micro_batch_size: int,
+def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, micro_batch_size: int | list[range],
                      num_tokens: float, num_seqs: float,
-                     backward: Callable[[torch.Tensor], None] = torch.Tensor.backward) -> dict[str, float]:
+                     backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
+                     packed: bool = False) -> dict[str, float]:
     """Accumulate the policy gradient of one optimizer step into `model`'s .grad.
 
     batch: input_ids (N, P+R), attention_mask (N, P+R), response_mask (N, R), old_logp (N, R),
@@ -99,8 +100,11 @@ def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, 
            With sampler_logp (N, R), the engine's own log-probs of the sampled tokens (rollout.Rollout), the
            sampler-vs-trainer mismatch is measured against old_logp (`rollout_corr/` metrics, loss.sampler_mismatch)
            and, with loss.rollout_is_cap > 0, each token's loss is weighted by loss.rollout_is_weights.
+    micro_batch_size: rows per micro-batch, or each micro-batch's rows (contiguous ranges covering the batch in
+           order: packing.split_rows, micro-batches sized by their real tokens).
     num_tokens / num_seqs: response tokens / sequences in the whole step (all processes), so that summing
            the gradients of every micro-batch and process gives the batch's.
+    packed: each micro-batch's rows run packed, without padding (minirl/packing.py; config pack_sequences).
     Returns metrics (verl names, without the "actor/" prefix): this process's share of each step total,
     normalised by the step's counts, so that summing them over processes gives the step's value. (The
     entropy metric comes from the old-logp pass, or on-policy from this one, computed chunk by chunk without a
@@ -120,11 +124,13 @@ def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, 
     elif loss.rollout_is_cap > 0:
         raise ValueError("config key 'rollout_is_cap' needs the sampler's log-probs, which this rollout engine "
                          "does not return (the vLLM engine, or HF generate split by the context); set it to 0")
-    for s in range(0, N, micro_batch_size):
-        mb = {k: v[s:s + micro_batch_size] for k, v in batch.items()}
+    ranges = micro_batch_size if isinstance(micro_batch_size, list) else \
+        [range(s, min(s + micro_batch_size, N)) for s in range(0, N, micro_batch_size)]
+    for rows in ranges:
+        mb = {k: v[rows.start:rows.stop] for k, v in batch.items()}
         mask = mb["response_mask"]
         logp, entropy = token_logprobs(model, mb["input_ids"], mb["attention_mask"], R, loss.temperature,
-                                       with_entropy=on_policy)                                       # (n, R)
+                                       with_entropy=on_policy, packed=packed)                        # (n, R)
         old_logp = logp.detach() if on_policy else mb["old_logp"]
         share = float(mask.sum()) / max(num_tokens, 1.0)  # this micro-batch's share of the step's tokens
         weights = None

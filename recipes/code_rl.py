@@ -10,17 +10,20 @@ trainer with bounded staleness (the SageMaker training-sessions `code_rl` recipe
 Each step trains B groups of G episodes (minirl/agentic/episodes.py; CodeEnv: up to --max_turns turns, check_solution
 on the public tests, reward 1/0/-0.1 on the private tests). Rollout workers (minirl/agentic/overlap.py) keep sampling
 and judging while the trainer steps, at most --max_steps_off_policy policy versions ahead; older groups are
-requeued or dropped. Each group's forward_backward is submitted as soon as the group is ready (streaming), with
-a normaliser known in advance: Dr. GRPO's aggregation as train.py's `--loss_agg_mode seq-mean-token-sum-norm`
-(each episode's token sum over the constant max_tokens, averaged over the step's W*B*G episodes of W processes,
+requeued or dropped. The step's B groups are taken as they are ready, then their forward_backward calls are
+submitted together, with Dr. GRPO's aggregation as train.py's `--loss_agg_mode seq-mean-token-sum-norm` (each
+episode's token sum over the constant max_tokens, averaged over the step's judged episodes of all W processes,
 since optim_step sums the processes' gradients), so the same batch gives the same gradient on 1 or 2 processes
 (tests/core/test_loss_convention.py). The loss (cispo by default) corrects for the policy gap with the sampler's
-own log-probs. Advantages: reward minus the group mean; an episode whose program the judge could not judge
-(reward NaN, verdict JE) gets advantage 0 and is left out of its group's mean.
+own log-probs. Advantages: reward minus the group mean. An episode whose program the judge could not judge
+(reward NaN, verdict JE) is no episode of the step, as in train.py: advantage 0, out of its group's mean and of
+the normaliser (which is why the step's groups are counted before any is trained), and more than
+--max_judge_error_share of the step's programs with one stops the run (minirl/sampling.py: check_judge_errors).
 With --max_steps_off_policy 0 the run is the synchronous loop, whatever --num_rollout_workers is.
 
-Metrics: reward, loss, grad_norm, turns, async/staleness/{mean,max}, async/requeued, async/dropped,
-async/queue_depth (groups sampled and waiting when the step's optim_step was submitted), step_s.
+Metrics: reward (of the judged episodes; NaN if none was), judge_errors, loss, grad_norm, turns,
+async/staleness/{mean,max}, async/requeued, async/dropped, async/queue_depth (groups sampled and waiting when the
+step's optim_step was submitted), step_s.
 """
 from __future__ import annotations
 
@@ -32,10 +35,12 @@ import torch
 
 from common import ROOT
 from minirl.data import load_rows, prompt_indices
+from minirl.distributed import global_sum
 from minirl.agentic.env import CodeEnv, MathEnv
 from minirl.agentic.episodes import episode_datum, run_episodes
-from minirl.judge import Judge
+from minirl.judge import JUDGE_ERROR, Judge
 from minirl.agentic.overlap import RolloutPool
+from minirl.sampling import check_judge_errors
 from minirl.sessions import AdamParams, SamplingParams, ServiceClient
 
 
@@ -55,6 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stale_policy", choices=["requeue", "drop"], default="requeue")
     p.add_argument("--num_rollout_workers", type=int, default=0)    # 0: sample in the trainer's thread
     p.add_argument("--judge_workers", type=int, default=0)          # 0: one per CPU
+    p.add_argument("--max_judge_error_share", type=float, default=0.1)  # stop above this share of JE programs
     p.add_argument("--lora_rank", type=int, default=0)              # 0: full fine-tuning
     p.add_argument("--lora_alpha", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-5)
@@ -68,9 +74,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def advantage_scale(B: int, G: int, max_tokens: int, world: int) -> float:
-    """Dr. GRPO's normaliser: 1 / (the step's episodes over every process * the constant token budget)."""
-    return 1.0 / (world * B * G * max_tokens)
+def advantage_scale(B: int, G: int, max_tokens: int, world: int, judge_errors: float = 0.0) -> float:
+    """Dr. GRPO's normaliser: 1 / (the step's judged episodes over every process * the constant token budget);
+    `judge_errors`, the step's episodes the judge could not judge on every process, are no episodes of it."""
+    return 1.0 / (max(world * B * G - judge_errors, 1.0) * max_tokens)
+
+
+def judge_error_counts(groups: list) -> torch.Tensor:
+    """(judge errors, programs sent to the judge) of this process's groups: a judge error's reward is NaN, and
+    an episode whose final answer had no code is no program (as sampling.check_judge_errors counts them)."""
+    episodes = [ep for group in groups for ep in group.episodes]
+    errors = sum(ep.reward != ep.reward for ep in episodes)
+    programs = sum(ep.info.get("verdict", "no code") != "no code" for ep in episodes)
+    return torch.tensor([errors, programs], dtype=torch.float64)
 
 
 def group_datums(episodes: list, scale: float) -> list:
@@ -102,25 +118,30 @@ def main(argv: list[str] | None = None, make_env=None) -> dict:
     position = iter(range(10**12))
     next_problem = lambda: rows[prompt_indices(next(position), 1, len(rows), args.seed)[0]]  # noqa: E731
     pool = RolloutPool(run_group, next_problem, B, k, args.num_rollout_workers, args.seed)
-    # Tinker's losses sum over tokens: advantages scaled by 1 / (W*B*G episodes * a constant token budget) give a
-    # step size that grows neither with the batch nor with the processes (Dr. GRPO's aggregation)
-    scale = advantage_scale(B, G, args.max_tokens, svc.num_processes)
+    # Tinker's losses sum over tokens: advantages scaled by 1 / (the step's judged episodes * a constant token
+    # budget) give a step size that grows neither with the batch nor with the processes (Dr. GRPO's aggregation)
+    device = next(tc.model.parameters()).device  # where the step's counts are summed over processes
     adam = AdamParams(learning_rate=args.lr, beta1=0.9, beta2=0.99, eps=1e-8, grad_clip_norm=1.0)
     history = []
     try:
         for step in range(args.steps):
             t0 = time.perf_counter()
-            fbs, rewards, turns = [], [], []
-            for group in pool.fresh_groups(step, args.stale_policy):  # streaming: train each group on arrival
-                fbs.append(tc.forward_backward(group_datums(group.episodes, scale), args.loss_fn))
-                rewards += [ep.reward for ep in group.episodes if ep.reward == ep.reward]  # judge errors: none
-                turns += [ep.turns for ep in group.episodes]
+            groups = list(pool.fresh_groups(step, args.stale_policy))
+            # the step's judge errors over every process, before any training: they leave the normaliser
+            errors, programs = global_sum(judge_error_counts(groups).to(device)).tolist()
+            check_judge_errors({f"critic/verdict/{JUDGE_ERROR}": errors, "critic/verdict/judged": programs - errors},
+                               args.max_judge_error_share, ["see the judge's log for the cause"])
+            scale = advantage_scale(B, G, args.max_tokens, svc.num_processes, errors)
+            fbs = [tc.forward_backward(group_datums(group.episodes, scale), args.loss_fn) for group in groups]
+            rewards = [ep.reward for g in groups for ep in g.episodes if ep.reward == ep.reward]  # judged ones
+            turns = [ep.turns for g in groups for ep in g.episodes]
             depth = pool.queue_depth
             op = tc.optim_step(adam)
             losses, opt = [f.result().loss for f in fbs], op.result()
             pool.set_policy(int(opt["policy_version"]))  # workers may now start groups up to this version + k
             stale = pool.stats["staleness"]
-            history.append({"step": step + 1, "reward": sum(rewards) / max(len(rewards), 1), "loss": sum(losses),
+            history.append({"step": step + 1, "reward": sum(rewards) / len(rewards) if rewards else float("nan"),
+                            "judge_errors": errors, "loss": sum(losses),
                             "grad_norm": opt["grad_norm"], "turns": sum(turns) / len(turns),
                             "async/staleness/mean": sum(stale) / len(stale), "async/staleness/max": max(stale),
                             "async/requeued": pool.stats["requeued"], "async/dropped": pool.stats["dropped"],

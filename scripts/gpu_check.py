@@ -179,9 +179,9 @@ def check_exact_paths(s: dict) -> None:
 
 # --- fsdp, memory, pytest ------------------------------------------------------------------------------------
 
-def torchrun(s: dict, args: list[str]) -> None:
+def torchrun(s: dict, args: list[str]) -> str:
     procs = min(2, s["gpus"]) if s["gpu"] else 1
-    python(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(procs), *args])
+    return python(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(procs), *args]).stdout
 
 
 def check_fsdp_resume(s: dict) -> None:
@@ -190,7 +190,10 @@ def check_fsdp_resume(s: dict) -> None:
     fsdp = ["--fsdp", "true", "--gradient_checkpointing", "true", "--kl_coef", "0", "--val_files", "",
             "--save_every", "2", "--lr", "1e-5"]
     whole, parts = s["out"] / "fsdp_whole", s["out"] / "fsdp_parts"
-    torchrun(s, [*train_args(s, whole, *fsdp), "--max_steps", "3"])
+    said = torchrun(s, [*train_args(s, whole, *fsdp), "--max_steps", "3"])
+    procs = min(2, s["gpus"]) if s["gpu"] else 1
+    report("fsdp/shard", f"fsdp: policy sharded over {procs} process(es)" in said,
+           f"FSDP2 over {procs} process(es) on {'NCCL' if s['gpu'] else 'gloo'}, gradient checkpointing, 3 steps")
     torchrun(s, [*train_args(s, parts, *fsdp), "--max_steps", "2"])
     torchrun(s, [*train_args(s, parts, *fsdp), "--max_steps", "3", "--resume", "auto"])
     want, got = [[r for r in metrics(d) if r.get("training/global_step") == 3] for d in (whole, parts)]
@@ -201,7 +204,8 @@ def check_fsdp_resume(s: dict) -> None:
                                             f"{len(diff)} metrics, max difference {diff[worst]:.2g} ({worst})")
     models = [AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32) for d in (whole, parts)]
     ids = torch.arange(3, 40)[None]
-    gap = float((models[0](ids).logits - models[1](ids).logits).abs().max())
+    with torch.no_grad():
+        gap = float((models[0](ids).logits - models[1](ids).logits).abs().max())
     report("fsdp/final_model", gap == 0, f"both final folders load with from_pretrained; max |logits diff| {gap:.2g}")
 
 

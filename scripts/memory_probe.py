@@ -1,14 +1,13 @@
 """Measure, on CPU, what scripts/memory_plan.py predicts for a small model: the resident-set rise of its fp32
 weights, of one forward and backward with and without gradient checkpointing (gradients, activations, the
-logits chunk), and of AdamW's first step. Prints one JSON object; each measure runs in this fresh process
-(ru_maxrss, the peak, only grows: the smaller pass runs first).
+logits chunk), and of AdamW's first step. Prints one JSON object. Run it with MALLOC_MMAP_THRESHOLD_=65536 so
+that the allocator hands every freed tensor back to the system and the resident set follows the live tensors.
 
     python scripts/memory_probe.py --hidden 256 --inter 1024 --layers 4 --vocab 4096 --batch 8 --length 256
 """
 import argparse
 import gc
 import json
-import resource
 
 import psutil
 import torch
@@ -18,8 +17,17 @@ def rss() -> int:
     return psutil.Process().memory_info().rss
 
 
+def reset_peak() -> None:
+    """Linux: the peak resident set (VmHWM) starts again from the current one."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
 def peak() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """This process's peak resident set since reset_peak. Not ru_maxrss: Linux carries a parent's peak into a
+    child across fork and exec, so a probe started by a large process (pytest) would read the parent's."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
 def main() -> None:
@@ -46,6 +54,7 @@ def main() -> None:
     def forward_backward() -> int:
         gc.collect()
         start = rss()
+        reset_peak()
         logp, _ = token_logprobs(model, ids, mask, args.length // 2)
         logp.sum().backward()
         return peak() - start

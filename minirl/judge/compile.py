@@ -12,7 +12,8 @@ do not use them. The copy sits first on the include path, so a source's own `#in
 where g++ with the whole header calls the name ambiguous.) A forced include can clash with a source (it declares
 `y1`, `index`, ...), and a source may use what was left out: a compile error under it is never final, the source is
 compiled again the plain way (system headers, no PCH). Results are cached by hash of (flags, source): binaries, and
-compile errors too, the CPU limit's included (never a wall-clock timeout, which a loaded host may cause). The
+compile errors too, the CPU limit's included. A wall-clock timeout (which a loaded host may cause) or a sandbox
+that would not start is no compile error: `CompileFault`, a judge error (JE), never cached. The
 compiler reads no descriptor of its own: its stdin is /dev/null, its stdout and stderr files it cannot open, and it
 has no /proc. The cache is root's
 alone (0700), capped at MINIRL_JUDGE_CACHE_MB (default 2048) by evicting the least recently used. The compiler runs
@@ -31,17 +32,23 @@ import time
 from pathlib import Path
 
 from minirl.judge.sandbox import Sandbox
-from minirl.judge.host import cache_dir, job_folder, remove_tree, unique_tmp
+from minirl.judge.host import STAGE_FILE_BYTES, cache_dir, job_folder, remove_tree, unique_tmp
 
 MESSAGE_LIMIT = 2000               # characters of compiler/stderr text kept in a result
 COMPILE_CPU_S = 30
 COMPILE_WALL_S = COMPILE_CPU_S + 5  # a compiler blocked on something (not CPU) is stopped soon after
 COMPILE_MEMORY_MB = 4096
-COMPILE_FILE_BYTES = 128 << 20     # the binary, the assembler's temporary files (a 96 MiB table fits)
+COMPILE_FILE_BYTES = STAGE_FILE_BYTES  # 128 MiB: the binary, the assembler's temporary files (a 96 MiB
+                                      # table fits); host.py sizes the staging tmpfs by it
 SANDBOX_ERROR = 111                # sandbox.c could not set itself up: not the source's fault, not cached
 PCH_LEFT_OUT = ("<future>", "<filesystem>")  # half of every compile's template instantiation, unused in contests
 _cache_lock = threading.Lock()
 _cache_bytes: int | None = None    # this process's running estimate of the cache's size
+
+
+class CompileFault(RuntimeError):
+    """The compiler's sandbox failed (SANDBOX_ERROR) or the compiler hit the wall-clock limit (a loaded host): no
+    verdict on the source, so the job is a judge error (verdict.py: JE), never its CE."""
 
 
 def tail(path: Path, limit: int = MESSAGE_LIMIT) -> str:
@@ -156,10 +163,11 @@ def _store(key: str, built: Path | None, message: str, keep: Path | None = None)
 
 def compile_cpp(source: str, flags: tuple[str, ...], sandbox: Sandbox,
                 keep: Path | None = None) -> tuple[Path | None, str, float]:
-    """Binary path (or None), compiler message, seconds spent compiling (0 when cached). With `keep`, the binary
-    is also linked there (a hard link to the cache's entry, never a copy) and that path returned: the caller's
-    own, whatever the cache evicts later (a hit evicted before it could be linked is compiled again); the cache
-    counts it and evicts it only once `keep` is gone."""
+    """Binary path (or None: a compile error), compiler message, seconds spent compiling (0 when cached);
+    CompileFault where the compiler's sandbox failed or it hit the wall-clock limit (no verdict on the source).
+    With `keep`, the binary is also linked there (a hard link to the cache's entry, never a copy) and that path
+    returned: the caller's own, whatever the cache evicts later (a hit evicted before it could be linked is
+    compiled again); the cache counts it and evicts it only once `keep` is gone."""
     key = hashlib.sha256(("\0".join(flags) + "\0" + source).encode()).hexdigest()
     binary, error = _cached(key)
     if error is not None:
@@ -176,10 +184,12 @@ def compile_cpp(source: str, flags: tuple[str, ...], sandbox: Sandbox,
         if rc not in (0, "timeout", "cpu") and pch:   # a clash with the forced include is not the source's error
             rc, message = _run_compiler(work, flags, None, sandbox)
         seconds = time.perf_counter() - t0
-        # a wall-clock stop may be a loaded host's doing: not cached. The CPU limit is the source's own doing
-        # (31 s of compiler CPU on every resubmission of a compile bomb otherwise): cached, as any CE
+        # a wall-clock stop may be a loaded host's doing, a sandbox that would not start the judge's: neither is
+        # the source's CE (a negative reward for the judge's fault), nor cached: a judge error (CompileFault).
+        # The CPU limit is the source's own doing (31 s of compiler CPU on every resubmission of a compile bomb
+        # otherwise): cached, as any CE
         if rc in (SANDBOX_ERROR, "timeout"):
-            return None, message, seconds
+            raise CompileFault(f"the compiler did not finish (rc {rc}): {message[-300:]}")
         # the cache's copy (root's: the build is the compiling uid's), linked at `keep`: one file on disk
         stored = _store(key, work / "main" if rc == 0 else None, message, keep if rc == 0 else None)
         return (keep or stored) if rc == 0 else None, message, seconds

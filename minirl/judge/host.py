@@ -57,30 +57,51 @@ def _cache_path(setting: str | None, euid: int) -> Path:
 
 
 STAGE = Path("/run/minirl-judge-stage")
-# one program file per worker at a time (a binary is at most the compiler's 128 MiB file limit): a size, so that
-# no number of judges fills the host's memory with them
-STAGE_OPTIONS = "mode=700,nosuid,nodev,size=2g,nr_inodes=65536"
-_stage_checked = False             # this process mounted it, or gave a size to one an older judge mounted without
+# one program file per worker at a time, at most the compiler's file limit (compile.py's COMPILE_FILE_BYTES, 128 MiB;
+# a Python source is far smaller). The tmpfs holds one such file for every uid up to the highest one a judge of
+# this host has used (`stage_bytes`): with a fixed 2 GiB, 16 workers staging big binaries filled it, and the
+# programs' own files became judge errors. Its size is a cap, not memory taken: what is staged is at most
+# workers x 128 MiB, which the host must hold anyway.
+STAGE_FILE_BYTES = 128 << 20
+STAGE_MIN_BYTES = 2 << 30
+STAGE_OPTIONS = "mode=700,nosuid,nodev,nr_inodes=65536"
+_stage_checked = 0                 # the size this process made sure of (0: none yet)
 
 
-def stage_dir() -> Path:
+def stage_bytes(uid: int) -> int:
+    """The staging tmpfs's size when worker uids up to `uid` may stage at once: a largest file (and a page) for
+    each uid of UID_RANGE up to it, and a margin, at least STAGE_MIN_BYTES."""
+    uids = max(1, uid - UID_RANGE.start + 1)
+    return max(STAGE_MIN_BYTES, uids * (STAGE_FILE_BYTES + (4 << 10)) + (64 << 20))
+
+
+def _mounted_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_blocks * st.f_frsize
+
+
+def stage_dir(uid: int = UID_RANGE.start) -> Path:
     """Where worker sandboxes take their programs' files from (sandbox.py: `WorkerSandbox`): a tmpfs of the
     judge's own (mounted once per host, root's alone), so that the bind a program sees names a path of that
-    tmpfs ("/u62000/main"), not one of the host; host-wide, whatever MINIRL_JUDGE_CACHE says."""
+    tmpfs ("/u62000/main"), not one of the host; host-wide, whatever MINIRL_JUDGE_CACHE says. Grown (never
+    shrunk: other judges' uids may be higher) to `stage_bytes(uid)` for the worker uid `uid` that will stage."""
     global _stage_checked
+    need = stage_bytes(uid)
     with _stage_lock:
-        if not _stage_checked or not os.path.ismount(STAGE):
+        if _stage_checked < need or not os.path.ismount(STAGE):
             STAGE.mkdir(mode=0o700, parents=True, exist_ok=True)
             with open(STAGE.with_name(STAGE.name + ".lock"), "w") as lock:   # judges of other processes
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 mounted = os.path.ismount(STAGE)
-                how = ["-o", f"remount,{STAGE_OPTIONS}"] if mounted else ["-t", "tmpfs", "-o", STAGE_OPTIONS, "tmpfs"]
+                size = max(need, _mounted_bytes(STAGE) if mounted else 0)
+                options = f"{STAGE_OPTIONS},size={size}"
+                how = ["-o", f"remount,{options}"] if mounted else ["-t", "tmpfs", "-o", options, "tmpfs"]
                 try:
                     r = subprocess.run(["mount", *how, str(STAGE)], capture_output=True, text=True)
                     error = r.stderr.strip() if r.returncode else ""
                 except OSError as e:        # no mount(8)
                     error = str(e)
-                _stage_checked = True
+                _stage_checked = size
                 if error and not mounted:   # still private (0700), but a program's mountinfo names the path
                     log.warning("cannot mount the judge's staging tmpfs (%s): programs see its host path", error)
                 elif error:

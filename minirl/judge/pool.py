@@ -46,8 +46,9 @@ from minirl.judge.compile import pch_dir
 from minirl.judge.sandbox import Sandbox, isolation_mode
 from minirl.judge.worker_sandbox import WorkerSandbox
 from minirl.judge.host import core_pattern_warning, lease_uids, remove_orphans
-from minirl.judge.verdict import (CXX_FLAGS, JUDGE_ERROR, LANGUAGES, VERDICTS, Job, JudgeResult, Worker,  # noqa: F401
-                            finish, judge_error, judge_job, outputs_match, prepare)
+from minirl.judge.verdict import (CXX_FLAGS, JUDGE_ERROR, LANGUAGES, REFUSED, VERDICTS,  # noqa: F401
+                                  Job, JudgeResult, Worker, finish, is_refusal, judge_error, judge_job,
+                                  outputs_match, prepare)
 
 log = logging.getLogger(__name__)
 WEAK = {  # the modes short of "namespaces", and what each loses
@@ -272,8 +273,8 @@ class Judge:
 
 # Without cgroups, limits are per process: 64 children may each hold the memory limit, and a child reaped by the
 # kernel (SIGCHLD ignored) takes its CPU time with it. Under "strict", such a job is a judge error (JE), never a verdict.
-PROCESSES_NEED_CGROUPS = ("judge error: processes=True needs cgroups under judge_isolation: strict (without them "
-                          "each process has its own memory and CPU limits); refused")
+PROCESSES_NEED_CGROUPS = (f"{REFUSED}processes=True needs cgroups under judge_isolation: strict (without them "
+                          "each process has its own memory and CPU limits)")  # is_refusal: the server answers 400
 
 
 def require_isolation(judge: Judge, setting: str) -> Judge:

@@ -20,7 +20,8 @@ a SandboxError marks that URL down for `cooldown_s` and sends the job to the nex
 a program twice gives the same verdict). When no server answers after `retries` rounds over all URLs, the
 job's result is JE, a judge error, with a message starting "judge error: no judge server answered" (and an error
 in the log), never an exception and never a verdict on the program: the trainer leaves it out of the loss. A 4xx
-(a job the server refuses) is not retried (JE too).
+(a job the server refuses for what it asks: minirl's server answers 400 to a checker that does not compile or to
+processes=True it cannot hold) is not retried and marks no server down (JE too).
 
 A job's special checker (`checker`) goes to minirl's server in /submit's `extra.minirl`; a SandboxFusion server
 has none, so such a job is refused there (a judge error that says so). Left out: authentication (neither server
@@ -40,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from minirl.judge import JudgeResult, outputs_match
 from minirl.judge.frontend import JudgeFrontend, unjudged
+from minirl.judge.verdict import REFUSED
 
 log = logging.getLogger(__name__)
 SERVER_NAME = "minirl-judge"       # minirl/judge/server.py's Server header
@@ -151,6 +153,8 @@ class RemoteJudge(JudgeFrontend):
         verdict = (reply.get("extra") or {}).get("minirl")
         if not isinstance(verdict, dict):
             raise Unavailable("the reply to /submit has no extra.minirl verdict")
+        if str(verdict.get("message", "")).startswith(REFUSED) and verdict.get("verdict") == "JE":
+            raise Refused(verdict["message"][:300])  # the job's own doing (a server that did not answer it 400)
         if verdict.get("verdict") == "JE" or (verdict.get("verdict") == "RE" and not verdict.get("tests")
                                               and str(verdict.get("message", "")).startswith("judge error")):
             # JE: that server's judge failed, not the program (an older server says RE with no test run)

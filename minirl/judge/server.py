@@ -19,12 +19,15 @@ datasets/types.py, datasets/common_oj.py); verdicts are reported as its runners 
     TLE         status Failed, run_result TimeLimitExceeded, return_code null
     RE, MLE, OLE  status Failed, run_result Finished with the program's non-zero return code
     judge fault status SandboxError, message (the official client retries it; veRL scores it -1)
+    refused     HTTP 400 {"detail"}: a job the judge refuses for what it asks (a checker that does not compile or fails,
+                processes=True under strict isolation without cgroups), which no retry would change
 `memory_limit_MB` is optional (the official client drops it, veRL's `call_sandbox_api` sends it): missing or -1
 is --memory-limit-mb, over --max-memory-mb (4096) refused. `compile_timeout` is ignored (the compiler has limits).
 
 POST /submit judges a whole program on all its tests in one `Judge.run_many` job: `config.provided_data.test`
 holds the tests, `config.run_timeout` the time limit, `config.extra.minirl` minirl's own settings (`memory_limit_mb`,
 `float_tolerance`, `processes`, `checker`); the reply: an `EvalResult`, minirl's verdict in `extra.minirl` (for remote.py).
+A checker runs with the job's limits (verdict.py: `_check`), so --max-memory-mb and the rest hold for it too.
 
 Left out (400): languages but cpp and python, `files`, `fetch_files`, /run_jupyter, the dataset endpoints.
 Nothing authenticates: it binds 127.0.0.1 unless told otherwise (a private network only). Under abuse:
@@ -42,7 +45,7 @@ from json.encoder import encode_basestring_ascii  # json.dumps's own string enco
 
 from minirl.httpd import BackgroundServer
 from minirl.judge import Judge, JudgeResult
-from minirl.judge.verdict import judge_error
+from minirl.judge.verdict import is_refusal, judge_error
 from minirl.judge.server_guard import GuardedHTTPServer, RequestError, content_length, parse_body, refuse
 
 MAX_BODY_BYTES = 256 << 20         # a program and its tests (CodeContests problems carry MBs of tests)
@@ -290,10 +293,16 @@ class JudgeServer(BackgroundServer):
         return submit_response(self._judge(job), job, code, body.get("id"))
 
     def _judge(self, job: dict) -> JudgeResult:
+        """The job's result; RequestError (400) for a job the judge refuses for what it asks (`is_refusal`: a checker
+        that does not compile, processes=True under strict isolation without cgroups): the client's doing, which
+        a retry on any server would meet again. The judge's own faults stay SandboxError (clients retry those)."""
         try:
-            return self.judge.run_many([job])[0]
+            res = self.judge.run_many([job])[0]
         except Exception as e:  # noqa: BLE001 -- the judge's fault: SandboxError, and keep serving
             return judge_error(e, len(job["tests"]))
+        if is_refusal(res):
+            raise RequestError(res.message)
+        return res
 
 
 def _handler(server: JudgeServer):

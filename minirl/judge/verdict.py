@@ -13,8 +13,13 @@ Tests count in order up to the first TLE, where a program's testing stops (every
 time limit, and both reward styles give the same reward from that point). Output is compared as bytes, token by
 token, and never decoded (a 64 MiB flood of garbage costs one token). Failures are verdicts: whatever a program
 does, a result comes back. A failure of the judge itself on one job (a worker's sandbox that died or would not
-start, a full staging tmpfs) is logged and returned as JE, "judge error": no verdict on the program, so a trainer
-leaves it out of the loss and never rewards it (minirl/rewards.py).
+start, a full staging tmpfs, a compiler stopped by the wall clock) is logged and returned as JE, "judge error": no
+verdict on the program, so a trainer leaves it out of the loss and never rewards it (minirl/rewards.py). A job the
+judge refuses for what it asks (a special checker that does not compile or reports its own failure, processes where
+they cannot be held) is JE too, its message starting REFUSED (`is_refusal`): the judge server answers it 400, so
+that no client retries it.
+
+A special checker (minirl/judge/checker.py) runs in the sandbox with the job's own limits, never more.
 """
 from __future__ import annotations
 
@@ -27,7 +32,8 @@ from pathlib import Path
 
 from minirl.judge.cgroup import Cgroups
 from minirl.judge.compare import output_file_matches, outputs_match  # noqa: F401 (re-exported)
-from minirl.judge.compile import MESSAGE_LIMIT, compile_cpp, tail
+from minirl.judge.checker import CheckerFault, JobRefused, prepare_checker, run_checker  # noqa: F401
+from minirl.judge.compile import MESSAGE_LIMIT, CompileFault, compile_cpp, tail  # noqa: F401
 from minirl.judge.python_check import PYTHON_ARGV, syntax_error
 from minirl.judge.sandbox import Sandbox, isolation_mode
 from minirl.judge.worker_sandbox import WorkerSandbox
@@ -41,6 +47,7 @@ CXX_FLAGS = ("-std=c++17", "-O2")
 KEPT_OUTPUT_BYTES = 16 << 20       # a keep_output test's output limit (server.py returns its stdout whole)
 PYTHON_SOURCE_LIMIT = 1 << 20      # a larger source is CE without a syntax check
 LANGUAGES = {"cpp": "cpp", "c++": "cpp", "python": "python", "python3": "python"}
+REFUSED = "judge error: refused: "  # a JE message for a job refused for what it asks: another judge would refuse it
 
 
 @dataclass
@@ -110,11 +117,21 @@ def judge_job(source: str, language: str, tests: list[dict], time_limit_s: float
 
 
 def judge_error(e: Exception | str, total: int) -> JudgeResult:
-    """The result of a job the judge could not judge: JE, no test counted, the cause in the message."""
+    """The result of a job the judge could not judge: JE, no test counted, the cause in the message (a JobRefused
+    one starts with REFUSED)."""
+    if isinstance(e, JobRefused):
+        log.warning("a job was refused: %s", e)
+        return JudgeResult(JUDGE_ERROR, 0, total, message=f"{REFUSED}{e}"[:MESSAGE_LIMIT])
     if isinstance(e, Exception):
         log.error("judge error on one job", exc_info=e)
         e = f"{type(e).__name__}: {e}"
     return JudgeResult(JUDGE_ERROR, 0, total, message=f"judge error: {e}"[:MESSAGE_LIMIT])
+
+
+def is_refusal(res: JudgeResult) -> bool:
+    """A judge error caused by the job itself (JobRefused, or processes the strict judge cannot hold), not by a
+    fault of the judge: any judge would answer the same."""
+    return res.verdict == JUDGE_ERROR and res.message.startswith(REFUSED)
 
 
 class Job:
@@ -124,11 +141,12 @@ class Job:
 
     def __init__(self, root: Path, tests: list[dict], argv: list[str], files: dict[str, Path], time_limit_s: float,
                  memory_mb: int, float_tolerance: float | None, checker: dict | None, compile_s: float,
-                 forks: bool = False):
+                 forks: bool = False, checker_run: tuple[list[str], str, Path] | None = None):
         self.root, self.tests, self.argv, self.files = root, tests, argv, files
         self.time_limit_s, self.memory_mb, self.float_tolerance, self.checker = \
             time_limit_s, memory_mb, float_tolerance, checker
         self.compile_s, self.forks = compile_s, forks
+        self.checker_run = checker_run  # the checker's (argv, file name in /work, host file), from `prepare`
         self.outcomes: dict[int, tuple[dict, str] | Exception] = {}  # test index -> (result, stderr) or error
         self._cond = threading.Condition()
         self._next = 0            # the next test to hand out
@@ -196,7 +214,8 @@ def prepare(source: str, language: str, tests: list[dict], time_limit_s: float =
              cxx_flags: tuple[str, ...] = CXX_FLAGS, *, sandbox: Sandbox,
              processes: bool = False) -> JudgeResult | Job:
     """Compile `source` (C++; a Python source is syntax-checked in its first test's run) and make its run folder: a
-    job ready to run, or its result (CE).
+    job ready to run, or its result (CE). Raises for a judge error: CompileFault (the compiler did not finish),
+    JobRefused (a C++ checker that does not compile).
     `processes`: the problem needs new processes (fork, subprocess); by default a program is one process (its
     threads included), so that no child can hide its CPU time or hold an address space of its own."""
     language = LANGUAGES[language]
@@ -226,10 +245,9 @@ def prepare(source: str, language: str, tests: list[dict], time_limit_s: float =
             # -I (no user site, no environment), not -S: site defines exit() and quit(), which solutions call;
             # the wrapper compiles main.py first: a syntax error is CE at the first test (python_check.py)
             argv, files = PYTHON_ARGV, {"main.py": own / "main.py"}
-        if checker and checker.get("language", "python").startswith("python"):
-            (own / "checker.py").write_text(checker["source"])  # once: tests may run at once and all read it
+        checker_run = prepare_checker(checker, own, sandbox, CXX_FLAGS) if checker else None
         return Job(root, tests, argv, files, time_limit_s, memory_limit_mb, float_tolerance, checker, compile_s,
-                   forks=processes)
+                   forks=processes, checker_run=checker_run)
     except BaseException:
         remove_tree(root)
         raise
@@ -283,7 +301,8 @@ def _run_test(job: Job, i: int, worker: Worker) -> tuple[dict, str]:
     if error is not None:
         v = "CE"
     if v is None:
-        ok = _check(job.checker, test, r["out"], root, i, sandbox) if job.checker else \
+        ok = run_checker(job.checker_run, test, r["out"], root, i, sandbox, time_limit_s=job.time_limit_s,
+                         memory_mb=job.memory_mb, forks=job.forks) if job.checker else \
             output_file_matches(r["out"], test["output"], job.float_tolerance)
         v = "AC" if ok else "WA"
     result = {"verdict": v, "time_s": round(r["cpu_s"], 4), "wall_s": round(r["wall_s"], 4),
@@ -295,15 +314,6 @@ def _run_test(job: Job, i: int, worker: Worker) -> tuple[dict, str]:
     for name in (f"t{i}.out", f"t{i}.err"):
         (root / name).unlink(missing_ok=True)
     return result, message
-
-
-def _write_private(path: Path, text: str, sandbox: Sandbox) -> None:
-    """A special checker's copy of a test's input or expected output: readable by the uid running the checker
-    and nobody else (outside namespaces a program sees the run folder, where another test of its job may run)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with open(fd, "w") as f:
-        f.write(text)
-    sandbox.give(path)
 
 
 def finish(job: Job) -> JudgeResult:
@@ -332,24 +342,3 @@ def finish(job: Job) -> JudgeResult:
         return JudgeResult(verdict, passed, len(job.tests), results, message, job.compile_s)
     finally:
         remove_tree(job.root)
-
-
-def _check(checker: dict, test: dict, out: Path, root: Path, i: int, sandbox: Sandbox) -> bool:
-    """A special checker: a program run as `checker input expected actual`; exit code 0 accepts. A Python
-    checker's source is root/.job/checker.py, written by `prepare`."""
-    _write_private(root / f"c{i}.in", test["input"], sandbox)   # its own copy, made after the program ended
-    _write_private(root / f"c{i}.exp", test["output"], sandbox)
-    sandbox.give(out)                                  # the program's output, root's while it ran
-    files = {"input.txt": root / f"c{i}.in", "expected.txt": root / f"c{i}.exp", "actual.txt": out}
-    if checker.get("language", "python").startswith("python"):
-        argv, files["checker.py"] = ["python3", "-I", "checker.py"], root / ".job" / "checker.py"
-    else:
-        binary, _, _ = compile_cpp(checker["source"], CXX_FLAGS, sandbox)  # cached after the first
-        if binary is None:
-            raise ValueError("the special checker does not compile")
-        argv, files["checker"] = ["./checker"], binary
-    r = sandbox.run(argv + ["input.txt", "expected.txt", "actual.txt"], root, f"c{i}", time_limit_s=10.0,
-                    memory_mb=1024, files=files, forks=True)
-    for p in (r["out"], r["err"], root / f"c{i}.in", root / f"c{i}.exp"):
-        p.unlink(missing_ok=True)
-    return r["returncode"] == 0

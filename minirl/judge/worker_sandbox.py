@@ -70,7 +70,7 @@ class WorkerSandbox:
                 left.unlink(missing_ok=True)
         # the program file of the run in progress, copied here: a folder on a tmpfs of the judge's own, bound
         # read-only at /.run/bin, so that the program's /proc/self/mountinfo names "/u<uid>", no host path
-        self._files = stage_dir() / f"u{uid}"
+        self._files = stage_dir(uid) / f"u{uid}"           # stage_dir: room for a binary of every uid
         remove_tree(self._files)
         self._files.mkdir(mode=0o700)
         self._staged: dict[str, tuple] = {}            # name -> (device, inode, size, mtime) of the file staged
@@ -176,7 +176,9 @@ class WorkerSandbox:
         if cgroup is not None:
             cpu = max(cpu, cgroup.cpu_s())            # counts even what a killed init never reaped
             oom = cgroup.oom_killed()
-        if status == 111 and not oom:  # the sandbox died under the program (killed, crashed): not its verdict
+        # the sandbox died under the program (killed, crashed; no reply): not its verdict. A reply of 111 is the
+        # program's own exit code (exit(111)), its RE: never a judge error a program could choose
+        if not reply and not timed_out and not oom:
             raise SandboxDied(f"the worker's sandbox ended during the run {why[-300:]}".strip())
         return {"returncode": status, "timed_out": timed_out, "wall_s": wall, "cpu_s": cpu, "max_rss_mb": rss_mb,
                 "oom": oom, "out": cap.out, "err": cap.err}

@@ -52,16 +52,22 @@ def resolve_model_path(name: str) -> str:
     return str(path) if path.exists() else name
 
 
+def cuda_indices(model) -> list[int]:
+    """The GPUs holding `model`'s parameters: whose random streams a draw on the model's device advances."""
+    return sorted({p.device.index or 0 for p in model.parameters()
+                   if p.device.type == "cuda"})  # device-branch: models/rng-devices
+
+
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     """The compute dtype: bf16 on a GPU for "auto", fp32 on a CPU."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if device.type == "cuda" else torch.float32  # device-branch: models/dtype-auto
     return getattr(torch, name)
 
 
 def autocast(device: torch.device, dtype: torch.dtype):
     """Compute matmuls in `dtype` (bf16/fp16) over fp32 weights; nothing changes for float32."""
-    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)  # device-branch: models/autocast
 
 
 def config_dtype(path: str) -> torch.dtype:
@@ -71,11 +77,13 @@ def config_dtype(path: str) -> torch.dtype:
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype or torch.float32
 
 
+# device-branch: models/attn-pick
 def flash_attention() -> str | None:
     """The flash-attn implementation this machine runs: "flash_attention_2" where the package is installed
     (requirements-gpu.txt) and a CUDA device is present, else None. The only place the choice reads the machine:
     a CPU test replaces it to select a stand-in kernel (tests/core/flash_stand_in.py) and run the GPU's branch."""
     import importlib.util
+    # device-branch: models/attn-pick
     if importlib.util.find_spec("flash_attn") is None or not torch.cuda.is_available():
         return None
     return "flash_attention_2"
@@ -86,7 +94,7 @@ def pick_attn_implementation(name: str, dtype: torch.dtype | None = None) -> str
     takes no fp32: with `--dtype float32` every forward would fail), else sdpa. Any other name is used as given."""
     if name != "auto":
         return name
-    flash = flash_attention()
+    flash = flash_attention()  # device-branch: models/attn-pick
     return flash if flash and dtype in (torch.float16, torch.bfloat16) else "sdpa"
 
 
@@ -118,7 +126,7 @@ def load_model(path: str, dtype: torch.dtype = torch.float32, attn_implementatio
 def _load_model(path, dtype, attn_implementation, gradient_checkpointing, load_in_bits):
     from transformers import AutoModelForCausalLM
 
-    if load_in_bits:
+    if load_in_bits:  # device-branch: models/quantized
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation,
                                                      quantization_config=quantization_config(load_in_bits),
                                                      device_map={"": torch.cuda.current_device()})
@@ -203,8 +211,7 @@ def build_policy(path: str, device: torch.device, dtype: torch.dtype, attn_imple
         if hasattr(model, "reshard"):  # FSDP2 keeps its root gathered after a forward: the optimizer needs shards
             model.reshard()
         if lora:  # peft's own init draws from the global generator; init_adapter overwrites what it drew
-            cuda = [d.index or 0 for d in {p.device for p in model.parameters()} if d.type == "cuda"]
-            with torch.random.fork_rng(devices=cuda):  # so the caller's stream is where it was
+            with torch.random.fork_rng(devices=cuda_indices(model)):  # so the caller's stream is where it was
                 model = add_lora(model, lora["rank"], lora["alpha"], lora.get("dropout", 0.0),
                                  lora.get("target_modules", "all-linear"))
             init_adapter(model, seed)

@@ -55,6 +55,7 @@ def adapter_base(path: str) -> str | None:
 def quantization_config(bits: int):
     """bitsandbytes 4-bit (NF4, bf16 compute) or 8-bit base weights; a clear error where they cannot work."""
     import importlib.util
+    # device-branch: models/quantized
     if importlib.util.find_spec("bitsandbytes") is None or not torch.cuda.is_available():
         raise RuntimeError(f"load_in_bits={bits} needs a CUDA GPU and the bitsandbytes package "
                            "(pip install bitsandbytes); use load_in_bits: 0 on this machine")

@@ -14,8 +14,11 @@ transformers' `flash_attention_forward` (integrations/flash_attention.py, 5.23),
 4. its causal rule: the causal mask is aligned to the bottom right of each (unpadded) sequence (flash-attn >= 2.1),
    and a sliding window of w keeps w - 1 keys to the left, as transformers passes it.
 
+5. its packed-sequence rule: no mask, batch 1, position ids restarting at 0 at each row (minirl/packing.py) ->
+   variable-length sequences cut where the positions restart (transformers' `_prepare_from_posids`).
+
 It computes each sequence with torch's sdpa (in the half dtype, as flash-attn does). Left out: softcap, dropout,
-the paged cache, and the packed-sequence path (batch 1 with restarting position ids: minirl never sends one).
+the paged cache.
 """
 import torch
 import torch.nn.functional as F
@@ -80,8 +83,8 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
               softcap=None, is_causal=None, **kwargs):
     """transformers' attention-function signature: (B, H, L, D) in, ((B, Lq, Hq, D), None) out."""
     from transformers.integrations.flash_attention import get_target_dtype
-    from transformers.modeling_flash_attention_utils import (_pad_input, _unpad_input, _upad_input,
-                                                             fa_peft_integration_check)
+    from transformers.modeling_flash_attention_utils import (_is_packed_sequence, _pad_input, _prepare_from_posids,
+                                                             _unpad_input, _upad_input, fa_peft_integration_check)
     if softcap is not None or dropout:
         raise NotImplementedError("the flash-attn stand-in has no softcap or dropout")
     q_len, batch = query.shape[2], query.shape[0]
@@ -89,6 +92,11 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
     q, k, v = fa_peft_integration_check(q, k, v, get_target_dtype(query, module))
     causal = module.is_causal if is_causal is None else is_causal
     window_left = sliding_window - 1 if sliding_window is not None and k.shape[1] > sliding_window else -1
+    position_ids = kwargs.get("position_ids")
+    if attention_mask is None and _is_packed_sequence(position_ids, batch):  # rows packed into one: varlen by positions
+        qu, ku, vu, (cu_q, cu_k), _ = _prepare_from_posids(q, k, v, position_ids)
+        out = flash_attn_varlen_func(qu, ku, vu, cu_q, cu_k, scaling, causal, window_left)
+        return out.view(batch, -1, *out.shape[-2:]), None
     if attention_mask is not None:  # a padding token somewhere: unpad, run variable-length, pad back with zeros
         qu, ku, vu, indices_q, (cu_q, cu_k), _ = _upad_input(q, k, v, attention_mask, q_len, _unpad_input)
         out = flash_attn_varlen_func(qu, ku, vu, cu_q, cu_k, scaling, causal, window_left)

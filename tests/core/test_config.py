@@ -69,3 +69,11 @@ def test_help_prints_every_keys_comment_read_from_the_config_source(capsys):
     for key, comment in comments.items():
         assert f"--{key} " in text and " ".join(comment.split()) in text, key
     assert sum(bool(c) for c in comments.values()) >= len(comments) - 8  # nearly every key is documented
+
+
+def test_help_after_other_keys_prints_the_help_too(capsys):
+    """`train.py --config x.yaml --help` (or --max_steps 1 --help): the help, not "config key 'help' has no value"."""
+    from minirl.config import parse_config
+    with pytest.raises(SystemExit) as done:
+        parse_config(["--max_steps", "1", "--help"])
+    assert done.value.code == 0 and "--max_judge_error_share" in capsys.readouterr().out

@@ -68,3 +68,64 @@ def test_eval_with_the_gpus_bf16_weights_scores_the_toy_task(monkeypatch, tmp_pa
                                 "24", "--max_new_tokens", "8", "--output", str(tmp_path / "toy")])
     assert picked == ["auto"]
     assert 0.0 < summary["toy_arithmetic"]["greedy_accuracy"] <= 1.0
+
+
+@pytest.mark.device_branch("checkpoint/cuda-rng")
+def test_a_checkpoint_saves_and_restores_every_gpus_random_stream(monkeypatch):
+    from minirl import checkpoint
+    streams, restored = [torch.tensor([1, 2], dtype=torch.uint8), torch.tensor([3], dtype=torch.uint8)], []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: streams)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
+    state = checkpoint.rng_state()
+    assert state["cuda"] is streams
+    checkpoint.set_rng_state(state)
+    assert restored == [streams]
+
+
+@pytest.mark.device_branch("distributed/nccl-device")
+def test_collectives_run_on_the_current_gpu_under_nccl(monkeypatch):
+    from minirl import distributed
+    monkeypatch.setattr(distributed.dist, "get_backend", lambda: "nccl")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert distributed._device() == torch.device("cuda", 3)
+    monkeypatch.setattr(distributed.dist, "get_backend", lambda: "gloo")
+    assert distributed._device() == torch.device("cpu")
+
+
+@pytest.mark.device_branch("models/quantized")
+def test_a_quantised_base_is_loaded_with_bitsandbytes_onto_the_current_gpu(monkeypatch, tiny_path):
+    import importlib.util
+
+    import transformers
+    from minirl.models import _load_model, lora
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU and the bitsandbytes package"):
+        lora.quantization_config(4)                               # this machine: a clear refusal
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "bitsandbytes"
+                        else real_find_spec(name, *a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    configs = []
+    monkeypatch.setattr(transformers, "BitsAndBytesConfig", lambda **kw: configs.append(kw) or kw)
+    seen = {}
+    real = transformers.AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda path, **kw: seen.update(kw) or real(path, dtype=kw["dtype"]))
+    _load_model(str(tiny_path), torch.bfloat16, "sdpa", False, 4)
+    assert seen["device_map"] == {"": 2} and seen["quantization_config"]["load_in_4bit"]
+    assert configs[0]["bnb_4bit_compute_dtype"] == torch.bfloat16
+    _load_model(str(tiny_path), torch.bfloat16, "sdpa", False, 8)
+    assert configs[1] == {"load_in_8bit": True}
+
+
+@pytest.mark.device_branch("models/rng-devices")
+def test_a_lora_init_forks_the_random_streams_of_the_gpus_holding_the_model():
+    from types import SimpleNamespace
+
+    from minirl.models import cuda_indices
+    on = lambda *devices: SimpleNamespace(parameters=lambda: [SimpleNamespace(device=torch.device(*d))  # noqa
+                                                              for d in devices])
+    assert cuda_indices(on(("cuda", 1), ("cuda", 1), ("cuda", 0))) == [0, 1]
+    assert cuda_indices(on(("cpu",))) == []

@@ -169,5 +169,72 @@ def test_eval_does_not_score_a_judge_error_and_counts_it():
                                          "seconds": 0.1}
     records = [rec(0, 0, 1.0, "AC"), rec(0, 1, float("nan"), "JE"), rec(1, 0, 0.0, "WA"), rec(1, 1, 1.0, "AC")]
     s = summarize(records, ks=[1, 2])["code"]
-    assert s["judge_errors"] == 1 and s["mean@1"] == pytest.approx(2 / 3)  # NaN before: the JE was scored
+    # the key keeps the n asked for (mean@1 before: the key changed with the number of judge errors)
+    assert s["n"] == 2 and s["judged"] == 3 and s["judge_errors"] == 1 and s["mean@2"] == pytest.approx(2 / 3)
     assert s["pass@1"] == pytest.approx((1.0 + 0.5) / 2) and s["pass@2"] == 1.0  # problem 0: 1 judged sample
+    # nothing judged: the same keys, NaN scores (before: {"problems": 0, "judge_errors": 2} and no score at all)
+    s = summarize([rec(0, 0, float("nan"), "JE"), rec(0, 1, float("nan"), "JE")], ks=[1])["code"]
+    assert (s["n"], s["judged"], s["judge_errors"]) == (2, 0, 2)
+    assert math.isnan(s["mean@2"]) and math.isnan(s["pass@1"])
+
+
+def strict_json(line: str):
+    """json.loads that refuses NaN and Infinity, as JSON itself (jq, JSON.parse) does."""
+    return json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+
+
+def test_eval_py_writes_a_judge_errors_reward_as_null_not_nan(tmp_path, tiny_path, monkeypatch):
+    import eval as eval_script
+    from conftest import ROOT
+    nan = float("nan")
+    records = [{"problem_id": "p", "data_source": "code", "index": 0, "sample": j, "prompt": "x", "completion": "y",
+                "reward": nan, "verdict": "JE", "answer": None, "tokens": 4, "truncated": False, "seconds": 0.1}
+               for j in range(2)]
+    monkeypatch.setattr(eval_script, "evaluate", lambda *a, **kw: records)   # every program unjudged
+    eval_script.main(["--model", str(tiny_path), "--data", str(ROOT / "data" / "arith_test.jsonl"), "--limit", "1",
+                      "--n", "2", "--k", "1", "--temperature", "1", "--output", str(tmp_path)])
+    samples = [strict_json(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [r["reward"] for r in samples] == [None, None]
+    summary = strict_json((tmp_path / "summary.json").read_text())["code"]
+    assert summary["mean@2"] is None and summary["judge_errors"] == 2
+
+
+def test_validation_with_every_program_unjudged_reports_nan_and_counts_the_judge_errors(monkeypatch):
+    """Before: judge errors were dropped without a count, and a source with nothing judged scored 0.0 (a
+    validation that looks like a model that fails everything)."""
+    import train
+    from minirl.config import Config
+    nan = float("nan")
+    rows = [{**CODE_ROW, "extra_info": {"index": i}} for i in range(2)] + [{"data_source": "toy_arithmetic"}]
+    records = [{"data_source": "toy_code", "index": i, "reward": nan, "verdict": "JE"} for i in range(2)] + \
+              [{"data_source": "toy_arithmetic", "index": 2, "reward": 1.0, "answer": "3"}]
+    monkeypatch.setattr(train, "evaluate", lambda *a, **kw: records)
+    val = train.validate(torch.nn.Linear(1, 1), None, rows, Scorer(FlakyJudge()), Config(), rank=0, world=1)
+    assert math.isnan(val["val/test_score/toy_code"]) and math.isnan(val["val/accepted/toy_code"])
+    assert val["val/judge_errors/toy_code"] == 2 and val["val/test_score/toy_arithmetic"] == 1.0
+
+
+def test_a_step_with_no_token_to_learn_from_leaves_the_weights_and_the_optimizer_alone():
+    """Every sequence a judge error (max_judge_error_share 1): no token in the loss, a zero gradient. Before,
+    AdamW still stepped, and its momentum and weight decay moved the weights. The choice is made on the step's
+    count over every process (global_counts), so every process skips together."""
+    import train
+    from minirl.config import parse_config
+    from minirl.update import warmup_constant_schedule
+    cfg = parse_config(["--prompts_per_step", "2", "--group_size", "2", "--warmup_steps", "4"])
+    policy = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=0.1, weight_decay=0.1)
+    scheduler = warmup_constant_schedule(optimizer, cfg.warmup_steps)
+
+    def step_fn(mb, num_tokens, num_seqs, micro_batch_size):  # the loss of the masked tokens only
+        (policy.weight.sum() * mb["response_mask"].sum()).backward()
+        return {"pg_loss": 0.0}
+    batch = {"input_ids": torch.zeros(4, 5, dtype=torch.long), "response_mask": torch.ones(4, 3)}
+    m = train.mini_batch_steps(policy, optimizer, scheduler, batch, cfg, step_fn, "actor", 4, torch.float32)
+    assert m["actor/optimizer_skipped"] == 0.0                    # a step with tokens: AdamW has momentum now
+    before, state = policy.weight.detach().clone(), optimizer.state[policy.weight]["step"].clone()
+    unjudged = {**batch, "response_mask": torch.zeros(4, 3)}    # every sequence a judge error
+    m = train.mini_batch_steps(policy, optimizer, scheduler, unjudged, cfg, step_fn, "actor", 4, torch.float32)
+    assert torch.equal(policy.weight, before) and torch.equal(optimizer.state[policy.weight]["step"], state)
+    assert m["actor/optimizer_skipped"] == 1.0 and m["actor/grad_norm"] == 0.0
+    assert scheduler.last_epoch == 2                              # the schedule still counts the training step

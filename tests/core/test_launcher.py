@@ -36,6 +36,8 @@ def test_bf16_mixed_precision_must_agree_with_dtype():
         check_launcher(Config(), env, on_gpu=False)                      # auto is fp32 on a CPU
     with pytest.raises(ConfigError, match="--dtype bfloat16"):
         check_launcher(Config(dtype="float32"), env, on_gpu=True)
+    with pytest.raises(ConfigError, match="--dtype bfloat16"):  # `accelerate launch --cpu` on a GPU host:
+        check_launcher(Config(), {**env, "ACCELERATE_USE_CPU": "True"}, on_gpu=True)  # auto is fp32 there
 
 
 def test_fsdp_with_minirls_own_fsdp_is_honoured_with_a_note():

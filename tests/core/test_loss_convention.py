@@ -39,3 +39,27 @@ def test_the_three_loops_give_the_same_gradient_on_one_and_two_processes(tmp_pat
         assert_close_at_scale(grads["code_rl"], grads["seq-mean-token-sum-norm"])
     for key in one:
         assert_close_at_scale(two[key], one[key])
+
+
+def test_code_rl_leaves_judge_errors_out_of_the_normaliser_and_stops_on_too_many():
+    """As train.py: an unjudged episode (reward NaN) is no episode of the step. Before, code_rl divided by all
+    W*B*G episodes, never stopped on judge errors, and logged a reward of 0.0 when nothing was judged."""
+    import math
+    import sys
+    sys.path.insert(0, str(ROOT / "recipes"))
+    import code_rl
+    import pytest
+    from minirl.agentic.env import MathEnv
+    from minirl.sampling import JudgeErrors
+    nan = float("nan")
+    assert code_rl.advantage_scale(2, 4, 10, 1, judge_errors=2) == pytest.approx(1 / (6 * 10))
+    assert code_rl.advantage_scale(2, 4, 10, 2) == pytest.approx(1 / (16 * 10))
+
+    class Unjudged(MathEnv):  # every final answer's program: a judge error
+        def step(self, messages, completion):
+            return None, nan, {"turns": 1, "verdict": "JE"}
+    args = ["--env", "math", "--steps", "1", "--prompts_per_step", "2", "--group_size", "2", "--max_tokens", "4"]
+    with pytest.raises(JudgeErrors, match="4 of the step's 4 programs"):
+        code_rl.main(args, make_env=Unjudged)
+    [h] = code_rl.main(args + ["--max_judge_error_share", "1"], make_env=Unjudged)["history"]
+    assert math.isnan(h["reward"]) and h["judge_errors"] == 4 and h["grad_norm"] == 0.0

@@ -19,7 +19,8 @@ SMALL = dict(hidden=256, inter=1024, layers=4, vocab=4096, heads=4, kv_heads=2, 
 def test_plan_matches_cpu_peaks_of_a_small_model():
     """Measured in a fresh process whose allocator returns every freed tensor to the system at once
     (MALLOC_MMAP_THRESHOLD_), so that its resident set follows the live tensors."""
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "PYTHONPATH", "HF_HUB_OFFLINE") if k in os.environ}
+    env.update(MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")  # nothing else the other tests set
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "memory_probe.py"),
                            *[f"--{k}={v}" for k, v in SMALL.items()]], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=300)

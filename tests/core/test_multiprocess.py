@@ -50,6 +50,7 @@ def one_process(tmp_path_factory, tiny_path):
     return runs
 
 
+@pytest.mark.device_branch("train/cpu-processes")
 @pytest.mark.parametrize("setting", ["dp", "fsdp", "lora", "ppo"])
 def test_two_processes_train_like_one_process_on_the_same_global_batch(tmp_path, one_process, setting):
     rows, ranks = launch(tmp_path, "fixed_sampling", *COMMON, *SETTINGS[setting], "--prompts_per_step", "4")

@@ -27,6 +27,7 @@ def initial_weights(path):
     return {k: v.float() for k, v in load_file(str(path / "model.safetensors")).items()}
 
 
+@pytest.mark.device_branch("models/autocast")
 def test_bf16_compute_with_fp32_weights_applies_small_updates(tmp_path, bf16_model):
     before = initial_weights(bf16_model)
     policy = train.main(ARGS + ["--model_name_or_path", str(bf16_model), "--output_dir", str(tmp_path)])["policy"]
@@ -129,6 +130,7 @@ def flash(monkeypatch):
     return flash_stand_in.install()
 
 
+@pytest.mark.device_branch("models/attn-pick")
 def test_flash_attention_is_found_only_where_it_is_installed_on_cuda(monkeypatch):
     import importlib.util
     from minirl import models
@@ -143,6 +145,7 @@ def test_flash_attention_is_found_only_where_it_is_installed_on_cuda(monkeypatch
     assert models.flash_attention() is None                       # a GPU without flash-attn
 
 
+@pytest.mark.device_branch("models/attn-pick", "models/dtype-auto")
 def test_auto_picks_flash_attention_only_to_compute_in_half_precision(flash):
     from minirl.models import pick_attn_implementation, pick_dtype
     assert pick_dtype("auto", torch.device("cuda")) == BF16 and pick_dtype("auto", CPU) == torch.float32
@@ -152,6 +155,7 @@ def test_auto_picks_flash_attention_only_to_compute_in_half_precision(flash):
     assert pick_attn_implementation("eager", BF16) == "eager"
 
 
+@pytest.mark.device_branch("models/attn-pick", "logprobs/check-exact-dtype")
 def test_a_fully_fine_tuned_policy_on_flash_attention_loads_and_computes_under_autocast(flash, tiny_path):
     """Issue 49 item 2: the fp32 policy's load check ran outside autocast, flash-attn refused fp32 and the user got
     InexactModelError blaming the architecture. Now the check runs where the kernel can, as the trainer does."""
@@ -175,6 +179,7 @@ def test_a_fully_fine_tuned_policy_on_flash_attention_loads_and_computes_under_a
     assert (logp - want)[real].abs().max() < 0.05                           # bf16 noise, not another model
 
 
+@pytest.mark.device_branch("logprobs/check-exact-dtype")
 def test_flash_attention_asked_to_compute_in_fp32_is_a_config_error_not_an_inexact_model(flash, tiny_path):
     from minirl.config import ConfigError
     from minirl.logprobs import InexactModelError
@@ -203,6 +208,7 @@ def test_smollm2_loads_in_bf16_as_a_lora_base_and_as_the_reference():
     assert all(p.dtype == BF16 for p in reference.parameters())
 
 
+@pytest.mark.device_branch("logprobs/check-exact-dtype")
 @pytest.mark.parametrize("case", ["tiny-fp32", "tiny-bf16", "tiny-fp32-autocast", "smollm2-bf16"])
 def test_a_logit_transform_minirl_does_not_apply_is_refused_in_every_dtype(case, tiny_path):
     """The bf16 tolerance (a few units of bf16 rounding at the logits' scale) still refuses a model whose logits
@@ -224,6 +230,7 @@ def test_a_logit_transform_minirl_does_not_apply_is_refused_in_every_dtype(case,
         check_exact(model, BF16)
 
 
+@pytest.mark.device_branch("logprobs/fp32-head")
 def test_the_lm_heads_logits_are_fp32_under_bf16_autocast_and_bf16_weights():
     """Issue 49 item 4: under autocast (or FSDP's bf16 parameters) the head's output was bf16 before .float():
     logits near 40 are quantised to 0.25. On a small model with such logits, against the fp32 definition:
@@ -279,3 +286,45 @@ def test_a_head_that_is_no_plain_linear_runs_as_it_is(random_model):
         logp, _ = token_logprobs(random_model.eval(), ids, mask, 6)
         want = logprobs_by_definition(random_model, ids, mask, 6)
     assert (logp - want)[mask[:, -6:].bool()].abs().max() < 1e-3   # the same bf16 head as the definition's
+
+
+@pytest.mark.device_branch("logprobs/fp32-head")
+def test_the_fp32_head_runs_in_tf32_on_a_gpu_only_under_a_half_precision_body(monkeypatch):
+    """On CUDA the head's fp32 matmul runs in TF32 where the body computes in bf16 (its states already carry more
+    rounding than TF32 adds; IEEE fp32 would be ~8x slower), and in IEEE fp32 for an fp32 run, whose exactness
+    check compares against the model's own fp32 logits. The precision is restored after each call."""
+    from minirl.logprobs import _tf32_matmuls
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    seen = []
+    with _tf32_matmuls(torch.device("cuda", 0), on=True):
+        seen.append(matmul.fp32_precision)
+    with _tf32_matmuls(torch.device("cuda", 0), on=False):
+        seen.append(matmul.fp32_precision)
+    with _tf32_matmuls(torch.device("cpu"), on=True):
+        seen.append(matmul.fp32_precision)
+    assert seen == ["tf32", before, before] and matmul.fp32_precision == before
+
+
+def test_a_bf16_model_is_checked_in_fp32_so_rounding_hides_no_sharing_bug(tiny_path):
+    """A bf16 model (a LoRA base, the reference) is checked with its weights upcast to fp32 (exactly: bf16 ->
+    fp32 -> bf16), at 1e-4: a bug that bf16's rounding would hide (the shared prompt's responses positioned
+    without the left padding, 0.015 on the tiny model against a bf16 tolerance of 0.22) is refused, and the
+    weights and buffers come back in the dtypes they had."""
+    from minirl.logprobs import InexactModelError, check_exact
+    from minirl.models import load_model
+    model = load_model(str(tiny_path), BF16)
+    dtypes = {n: t.dtype for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    check_exact(model, BF16)                                            # the clean model passes
+    assert {n: t.dtype for n, t in [*model.named_parameters(), *model.named_buffers()]} == dtypes
+    assert all(torch.equal(p, weights[n]) for n, p in model.named_parameters())
+    decoder, forward = model.get_decoder(), model.get_decoder().forward
+
+    def pads_ignored(*args, **kw):  # a response's positions counted from the cache, not the real tokens
+        if kw.get("past_key_values") is not None and kw.get("position_ids") is not None:
+            kw["position_ids"] = kw["position_ids"] + (kw["attention_mask"] == 0).sum(1, keepdim=True)
+        return forward(*args, **kw)
+    decoder.forward = pads_ignored
+    with pytest.raises(InexactModelError, match="sharing a prompt"):
+        check_exact(model, BF16)

@@ -61,6 +61,7 @@ def test_chunked_generation_equals_one_batch_with_the_same_seed(monkeypatch, ran
         assert len({int(lengths[i * G:(i + 1) * G].max()) for i in range(3)}) > 1
 
 
+@pytest.mark.device_branch("rollout/kv-budget")
 def test_chunk_size_follows_the_kv_budget_and_the_gpus_free_memory(monkeypatch, random_model):
     c = random_model.config
     per_row = c.num_hidden_layers * c.num_key_value_heads * 2 * (c.hidden_size // c.num_attention_heads) * 4 * 100

@@ -4,15 +4,13 @@ OUT_DIR/load<rank>.json.
 
     torchrun --nproc_per_node 2 tests/core/torchrun_load.py MODEL_DIR OUT_DIR CHUNK_BYTES
 
-Memory: the process's peak resident set (ru_maxrss) once the weights are in place (when build_policy calls
-check_exact), less its resident set before loading, bounds what loading added (the imports' own peak came
-before). `with_check_bytes` includes check_exact's three forward passes (on CPU, glibc keeps the freed
+Memory: the process's peak resident set since just before loading (VmHWM, reset then), taken once the weights
+are in place (when build_policy calls check_exact), less its resident set before loading. `with_check_bytes` includes check_exact's three forward passes (on CPU, glibc keeps the freed
 all-gather buffers of each layer; a GPU's allocator holds them on the device, not in host memory). Process 0
 then loads the model plainly (from_pretrained) to compare.
 """
 import functools
 import json
-import resource
 import sys
 from pathlib import Path
 
@@ -25,8 +23,15 @@ from minirl import models
 from minirl.models import build_policy, empty_model, load_model
 
 
+def reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:  # Linux: the peak resident set starts again from here
+        f.write("5")
+
+
 def peak_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kilobytes
+    """The peak resident set since reset_peak (VmHWM; not ru_maxrss, which carries the launcher's across exec)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
 def main(model_dir: str, out: Path, chunk_bytes: int) -> None:
@@ -34,6 +39,7 @@ def main(model_dir: str, out: Path, chunk_bytes: int) -> None:
     rank, cpu = dist.get_rank(), torch.device("cpu")
     empty_model(model_dir)  # imports the model's module: what it costs is no part of loading
     rss_before = psutil.Process().memory_info().rss
+    reset_peak()
     loaded, real_check = {}, models.check_exact
 
     def check_exact(model, *args):  # build_policy's last step: the weights are in place when it is called

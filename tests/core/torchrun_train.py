@@ -12,17 +12,25 @@ HOOKS is a comma-separated list (or "none"):
 - own_output_dir: process r > 0 writes into OUT_DIR/rank<r>_own_output_dir instead (node-local folders).
 - uneven_width: process r pads its responses with 5*r extra columns (masked out), so processes see different
   padded widths (as they do with real data) without changing any number the loss uses.
+- perturbed_sampler: the engine's log-probs (Rollout.sampler_logp) of every other row of each group are lowered by
+  0.5, as a bf16 sampler's would differ from the trainer's: the rollout_corr/ metrics and the correction respond.
+- chunk_check: the first rollout of each process is also sampled twice more from the same random state, in
+  chunks (the run's rollout_kv_budget_gb) and in one batch (budget 0); whether they are equal and the chunk
+  counts go to rank<r>.json ("chunks").
+- count_packing: each packed layout (packing.pack) is recorded in rank<r>.json ("packed": calls, calls that
+  shared a prompt, tokens laid, real tokens of the padded rows).
 """
 import json
 import os
 import sys
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 import train
-from minirl import sampling
+from minirl import packing, rollout, sampling
 from minirl.distributed import gathered, is_sharded, world_size
 from minirl.rollout import Rollout, concat_rollouts
 
@@ -32,10 +40,47 @@ def rank() -> int:
     return dist.get_rank() if world_size() > 1 else 0
 
 
+RECORD: dict = {}  # what the checking hooks saw, written to rank<r>.json
+
+
+def check_chunks(real_sample, model, tokenizer, prompts, G, *args, **kwargs) -> None:
+    """chunk_check: the same prompts from the same random state, in chunks and in one batch."""
+    counts, real_chunk_groups = [], rollout.chunk_groups
+    rollout.chunk_groups = lambda *a, **k: counts.append(len(out := real_chunk_groups(*a, **k))) or out
+    state, runs = torch.get_rng_state(), []
+    try:
+        for budget in (kwargs.get("kv_budget_gb", 0.0), 0.0):
+            torch.set_rng_state(state)
+            runs.append(real_sample(model, tokenizer, prompts, G, *args, **{**kwargs, "kv_budget_gb": budget}))
+    finally:
+        rollout.chunk_groups = real_chunk_groups
+        torch.set_rng_state(state)
+    a, b = runs
+    RECORD["chunks"] = {"counts": counts, "prompts": len(prompts),
+                        "equal": torch.equal(a.response_ids, b.response_ids) and a.texts == b.texts and
+                        torch.equal(a.response_mask, b.response_mask),
+                        "sampler_logp_diff": float((a.sampler_logp - b.sampler_logp).abs().max())}
+
+
 def install_hooks(hooks: set[str], group_size: int) -> None:
     real_sample, real_build_scorer = sampling.sample, train.build_scorer
+    if "count_packing" in hooks:
+        real_pack = packing.pack
+        RECORD["packed"] = {"calls": 0, "shared": 0, "laid": 0, "rows_real": 0}
+
+        def pack(input_ids, attention_mask, *args, **kwargs):
+            out = real_pack(input_ids, attention_mask, *args, **kwargs)
+            seen = RECORD["packed"]
+            seen["calls"] += 1
+            seen["shared"] += int(bool((out.context != out.segment).any()))
+            seen["laid"] += int(out.laid.sum())
+            seen["rows_real"] += int(attention_mask.sum())
+            return out
+        packing.pack = pack
 
     def sample(model, tokenizer, prompts, G, *args, **kwargs):
+        if "chunk_check" in hooks and "chunks" not in RECORD:
+            check_chunks(real_sample, model, tokenizer, prompts, G, *args, **kwargs)
         if "fixed_sampling" in hooks:
             parts = []
             for p in prompts:
@@ -49,6 +94,10 @@ def install_hooks(hooks: set[str], group_size: int) -> None:
             pad = lambda t, v: torch.cat([t, t.new_full((t.shape[0], extra), v)], dim=1)  # noqa: E731
             out = Rollout(out.prompt_ids, out.prompt_mask, pad(out.response_ids, tokenizer.pad_token_id),
                           pad(out.response_mask, 0), out.truncated, out.texts, out.group_size)
+        if "perturbed_sampler" in hooks:
+            shift = torch.zeros_like(out.sampler_logp)
+            shift[1::2] = 0.5                    # rows 1, 3, ... of each group (G even): the same on any process
+            out = replace(out, sampler_logp=(out.sampler_logp - shift) * out.response_mask)
         return out
 
     class UnevenScorer(train.Scorer):  # details: what the sampling stage scores with (its tests run no validation)
@@ -80,7 +129,7 @@ def run(out: Path, hooks: str, args: list[str]) -> dict:
     with gathered(policy), torch.no_grad():  # full parameters, as this process sees them
         info = {"sharded": is_sharded(policy), "world": world_size(),
                 "trainable": checksum(p for p in policy.parameters() if p.requires_grad),
-                "all": checksum(policy.parameters())}
+                "all": checksum(policy.parameters()), **RECORD}
     if world_size() > 1:  # what the process group's collectives wait for (config key dist_timeout_s)
         from torch.distributed import distributed_c10d
         backend = distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))

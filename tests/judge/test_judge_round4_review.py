@@ -152,7 +152,7 @@ def small_stage(monkeypatch, tmp_path):
     stage = tmp_path / "stage"
     stage.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=700", "tmpfs", str(stage)], check=True)
-    monkeypatch.setattr(ws, "stage_dir", lambda: stage)
+    monkeypatch.setattr(ws, "stage_dir", lambda uid=None: stage)
     monkeypatch.setattr(ws, "STAGE_TRIES", 1, raising=False)
     yield stage
     subprocess.run(["umount", "-l", str(stage)], check=False)
