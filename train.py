@@ -237,9 +237,9 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(cfg.seed * 1000 + rank)  # from here on, different samples on each process
     # the KL reference: a frozen copy, or with LoRA the policy with its adapter switched off (no second copy)
     ref_model = load_reference(path, dtype, attn, device, place) if cfg.kl_coef > 0 and cfg.lora_rank == 0 else None
-    critic = load_critic(resolve_model_path(cfg.critic_model_path or path), torch.float32, attn,
-                         cfg.gradient_checkpointing, device, cfg.keep_dropout).train() \
-        if cfg.algorithm == "ppo" else None
+    critic = load_critic(resolve_model_path(cfg.critic_model_path or path), torch.float32, attn,  # fsdp: as the
+                         cfg.gradient_checkpointing, device, cfg.keep_dropout, place).train() \
+        if cfg.algorithm == "ppo" else None  # policy, sharded, its optimizer (below) on the shards
 
     train_rows = drop_long_prompts(load_rows(cfg.train_files, split="train"), tokenizer, cfg.max_prompt_length,
                                    log=accelerator.print)
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> dict:
         judge.close()
     shutdown()  # every process leaves the process group together (see distributed.shutdown)
     accelerator.end_training()
-    return {"before": before, "after": after, "policy": policy}
+    return {"before": before, "after": after, "policy": policy, "critic": critic}
 
 
 def __getattr__(name: str):

@@ -7,11 +7,12 @@ optimizer (PPO), every process's RNG states, the step and the position in the pr
 only a `.tmp-*` folder, which `latest_checkpoint` ignores (and the next save removes). The last `keep_last`
 checkpoints are kept.
 
-With `fsdp: true` the weights and AdamW's state are sharded (`sharded/`, torch.distributed.checkpoint): every
-process writes its own file and reads back its own part, whatever the number of processes then; nobody gathers
-the whole model (a 7B checkpoint is ~91 GB). `python -m torch.distributed.checkpoint.format_utils
-dcp_to_torch_save CKPT/sharded full.pt` turns one into a single file. Otherwise process 0 writes `model/` (a
-`save_pretrained` folder) and `optimizer.pt`. The final model is always a plain `save_pretrained` folder.
+With `fsdp: true` the weights and AdamW's state are sharded (`sharded/`, torch.distributed.checkpoint; PPO's
+critic and its AdamW state in `critic_sharded/`): every process writes its own file and reads back its own
+part, whatever the number of processes then; nobody gathers the whole model (a 7B checkpoint is ~91 GB).
+`python -m torch.distributed.checkpoint.format_utils dcp_to_torch_save CKPT/sharded full.pt` turns one into a
+single file. Otherwise process 0 writes `model/` (a `save_pretrained` folder) and `optimizer.pt`. The final
+model is always a plain `save_pretrained` folder.
 
 Resuming restores all of it, so a run killed after step k and resumed gives the same metrics and weights as
 one that never stopped (tests/test_checkpoint.py checks this bit for bit). Process 0 chooses the checkpoint and
@@ -41,6 +42,7 @@ from minirl.models.weights import load_weights, save_merged, save_model
 
 STEP_DIR = re.compile(r"^step_(\d{6,})$")
 SHARDED = "sharded"  # the torch.distributed.checkpoint folder inside a checkpoint
+CRITIC_SHARDED = "critic_sharded"  # the same for PPO's critic and its optimizer
 
 
 def save(accelerator, cfg, step: int, position: int, policy, optimizer, scheduler, critic=None,
@@ -56,8 +58,12 @@ def save(accelerator, cfg, step: int, position: int, policy, optimizer, schedule
     save_process_state(tmp, accelerator.process_index)
     if cfg.fsdp:  # one process too (then one shard): the same format whatever the number of processes
         save_sharded(policy, optimizer, tmp / SHARDED)  # collective: each process writes its own file
+        if critic is not None:
+            save_sharded(critic, critic_optimizer, tmp / CRITIC_SHARDED)
     accelerator.wait_for_everyone()
-    missing = broadcast_object(missing_shards(tmp / SHARDED) if cfg.fsdp and accelerator.is_main_process else [])
+    sharded = [SHARDED] + ([CRITIC_SHARDED] if critic is not None else []) if cfg.fsdp else []
+    missing = broadcast_object([f for d in sharded for f in missing_shards(tmp / d)]
+                               if accelerator.is_main_process else [])
     if missing:  # every process wrote into its own view of output_dir: not one folder
         raise SystemExit(f"checkpoint: process 0 does not see the files {missing[:3]} that other processes wrote "
                          f"into {tmp}: output_dir must be on a filesystem that every node mounts at the same path")
@@ -129,7 +135,7 @@ def unreadable(folder: Path, state_text: str) -> str | None:
     if state_file.read_text() != state_text:
         return "its trainer_state.json here differs from process 0's (another run's checkpoint)"
     if (folder / SHARDED).is_dir():
-        missing = missing_shards(folder / SHARDED)
+        missing = [f for d in (SHARDED, CRITIC_SHARDED) if (folder / d).is_dir() for f in missing_shards(folder / d)]
         return f"the shard files {missing[:3]} are missing here" if missing else None
     if not (folder / "optimizer.pt").exists():
         return "optimizer.pt is missing here"
@@ -202,15 +208,15 @@ def save_process_state(tmp: Path, rank: int) -> None:
 def save_shared_state(tmp: Path, model, optimizer, scheduler, step: int, position: int, config: dict,
                       critic=None, critic_optimizer=None, model_state: dict | None = None,
                       weights: bool = True) -> None:
-    """What all processes share (written by the main process): weights and optimizer (unless `weights` is
-    False: distributed.save_sharded wrote them), scheduler, counters. `model_state`: the weights to save
+    """What all processes share (written by the main process): weights and optimizer, the critic's too (unless
+    `weights` is False: distributed.save_sharded wrote them), scheduler, counters. `model_state`: the weights to save
     instead of the model's own state dict."""
     if weights:
         model.save_pretrained(tmp / "model", state_dict=model_state)  # a LoRA model saves its adapter only
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     if scheduler is not None:  # the sessions API sets the rate at each optim_step instead
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    if critic is not None:
+    if critic is not None and weights:
         torch.save(critic.state_dict(), tmp / "critic.pt")
         torch.save(critic_optimizer.state_dict(), tmp / "critic_optimizer.pt")
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "position": position, "config": config},
@@ -253,7 +259,13 @@ def load_checkpoint(folder: Path, rank: int, model, optimizer, scheduler, critic
         optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
     if scheduler is not None:
         scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
-    if critic is not None:
+    if critic is not None and (folder / CRITIC_SHARDED).is_dir():
+        load_sharded(critic, critic_optimizer, folder / CRITIC_SHARDED)
+    elif critic is not None and is_sharded(critic):  # a plain checkpoint's critic scattered into the shards
+        from minirl.distributed import load_full_state
+        load_full_state(critic, critic_optimizer, torch.load(folder / "critic.pt", weights_only=False),
+                        torch.load(folder / "critic_optimizer.pt", weights_only=False))
+    elif critic is not None:
         critic.load_state_dict(torch.load(folder / "critic.pt", weights_only=False))
         critic_optimizer.load_state_dict(torch.load(folder / "critic_optimizer.pt", weights_only=False))
     rng_file = folder / f"rng_rank{rank}.pt"

@@ -5,6 +5,12 @@ of the policy's starting weights (`critic_model_path: ""`) whose LM head is repl
 linear layer, or a separate model folder. Its value at response position t is read from the hidden state
 *before* token t, the same position whose logits give log pi(y_t), so values and log-probs line up (N, R).
 
+With `fsdp: true` the critic is loaded and trained like the policy (load_critic's `place`): built on the meta
+device, sharded (each decoder layer, then the ValueModel as the root: embeddings, final norm, value head),
+filled from the files that process 0 reads, its AdamW state on the shards, gradients summed by FSDP's
+reduce-scatter, and saved in the sharded checkpoint (checkpoint.CRITIC_SHARDED). Its forward is the root
+module's own, so FSDP gathers the root's parameters around it with no registered method.
+
 The PPO step: token rewards (outcome reward on the last token, optionally minus beta * KL per token) -> GAE
 (loss.gae) -> whitened advantages -> clipped policy loss (loss.policy_loss) and clipped value loss
 (loss.value_loss), several epochs over mini-batches with old log-probs and old values fixed at sampling time.
@@ -14,8 +20,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minirl.config import ConfigError
 from minirl.loss import value_loss
-from minirl.models import disable_dropout, load_model
+from minirl.models import disable_dropout, empty_model, enable_gradient_checkpointing, load_model
 from minirl.logprobs import position_ids_from_mask
 
 
@@ -31,6 +38,10 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.value_head.bias)
         self.value_head.to(next(self.body.parameters()).dtype)
 
+    def get_decoder(self) -> nn.Module:
+        """The transformer body: what distributed.shard shards layer by layer."""
+        return self.body
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response_tokens: int
                 ) -> torch.Tensor:
         """Values of the states before each response token, (N, R) fp32."""
@@ -41,10 +52,31 @@ class ValueModel(nn.Module):
 
 
 def load_critic(path: str, dtype: torch.dtype, attn_implementation: str, gradient_checkpointing: bool,
-                device: torch.device, keep_dropout: bool = False) -> ValueModel:
-    """The value model, with its body's dropout off (old values then equal the training pass's) unless kept."""
-    body = load_model(path, dtype, attn_implementation, gradient_checkpointing)
-    return ValueModel(body if keep_dropout else disable_dropout(body)).to(device)
+                device: torch.device, keep_dropout: bool = False, place=None) -> ValueModel:
+    """The value model, with its body's dropout off (old values then equal the training pass's) unless kept.
+
+    `place` (FSDP: distributed.shard_and_load with its device and compute dtype, as for the policy): the model is
+    built on the meta device, sharded and filled from the files read by process 0 (the files' `model.*` is the
+    critic's `body.*`, their LM head is not read), so no process holds the whole critic; the value head, which
+    no file holds, is then zeroed on every process (the same start everywhere). Weights are fp32 (`dtype` is
+    then unused: compute runs in the place's dtype)."""
+    if place is None:
+        body = load_model(path, dtype, attn_implementation, gradient_checkpointing)
+        return ValueModel(body if keep_dropout else disable_dropout(body)).to(device)
+    causal_lm = empty_model(path, attn_implementation)
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(causal_lm)
+    critic = ValueModel(causal_lm if keep_dropout else disable_dropout(causal_lm))
+    prefix = causal_lm.base_model_prefix + "."  # the decoder's name in the files ("model." for Qwen2, Llama)
+    if getattr(causal_lm, causal_lm.base_model_prefix, None) is not causal_lm.get_decoder():
+        raise ConfigError(f"critic model {path!r}: its decoder is not its `{causal_lm.base_model_prefix}` module, "
+                          "so its files cannot be read into a sharded critic; use fsdp: false for this model")
+    place(critic, path, rename=lambda name: "body." + name[len(prefix):] if name.startswith(prefix) else None,
+          fresh=("value_head.",))
+    with torch.no_grad():
+        for p in critic.value_head.parameters():
+            p.zero_()
+    return critic
 
 
 @torch.no_grad()

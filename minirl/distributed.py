@@ -184,6 +184,8 @@ def shard(model, compute_dtype: torch.dtype = torch.float32) -> None:
         # global counts, so the batch's gradient is their sum: divide by 1, with a plain sum on every backend
         unit.set_gradient_divide_factor(1.0)
         unit.set_force_sum_reduction_for_comms(True)
+    if not hasattr(root, "get_output_embeddings"):  # the PPO critic (critic.ValueModel): values, no log-probs
+        return
     # one pass per layer and step: FSDP's hooks would gather a layer twice if the shared prompt ran separately
     unshared = functools.partial(_token_logprobs_unsharded, share_prompts=False)
     root.minirl_token_logprobs = types.MethodType(unshared, root)
@@ -220,7 +222,7 @@ LOAD_CHUNK_BYTES = 1 << 30  # process 0 reads the model files at most this many 
 
 
 def shard_and_load(model, path: str, device: torch.device, compute_dtype: torch.dtype = torch.float32,
-                   chunk_bytes: int = LOAD_CHUNK_BYTES) -> None:
+                   chunk_bytes: int = LOAD_CHUNK_BYTES, rename=None, fresh: tuple[str, ...] = ()) -> None:
     """Give a model built on the meta device (models.empty_model) its weights, never holding the whole model on
     any process: shard it (several processes), allocate each process's shard on `device`, then process 0 reads
     the files a chunk at a time and `set_model_state_dict(broadcast_from_rank0=True)` sends each tensor to
@@ -230,7 +232,11 @@ def shard_and_load(model, path: str, device: torch.device, compute_dtype: torch.
     files must be readable by process 0 only.
 
     The meta model's buffers (rotary frequencies, not in the files) were built for real and are put back after
-    allocation; parameters are swapped in place so that tied weights (lm_head = embeddings) stay one tensor."""
+    allocation; parameters are swapped in place so that tied weights (lm_head = embeddings) stay one tensor.
+
+    A model whose names are not the files' (the PPO critic, critic.load_critic): `rename(file name) -> the
+    model's name, or None` for a tensor not to load, and `fresh`, the name prefixes of tensors no file holds (its
+    value head): allocated but not filled, for the caller to initialise."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     from minirl.models.weights import file_chunks, read_chunk
@@ -251,10 +257,14 @@ def shard_and_load(model, path: str, device: torch.device, compute_dtype: torch.
         aliases.setdefault(id(p), []).append(name)
     groups = list(aliases.values())
     groups += [[k] for k in _root(model).state_dict() if not any(k in g for g in groups)]  # persistent buffers
-    chunks = broadcast_object(file_chunks(path, groups, chunk_bytes) if rank() == 0 else None)
+    groups = [g for g in groups if not any(n.startswith(fresh) for n in g)] if fresh else groups
+    chunks = broadcast_object(file_chunks(path, groups, chunk_bytes, rename) if rank() == 0 else None)
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=world_size() > 1, strict=False)
     for chunk in chunks:  # the same number of calls on every process
-        set_model_state_dict(_root(model), read_chunk(path, chunk) if rank() == 0 else {}, options=options)
+        state = read_chunk(path, chunk) if rank() == 0 else {}
+        if rename is not None:
+            state = {rename(k): v for k, v in state.items() if rename(k) is not None}
+        set_model_state_dict(_root(model), state, options=options)
 
 
 def save_sharded(model, optimizer, folder) -> None:
@@ -294,4 +304,18 @@ def load_full_state(model, optimizer, model_state: dict, optimizer_state: dict |
     options = StateDictOptions(full_state_dict=True, strict=False)
     set_model_state_dict(_root(model), model_state, options=options)
     if optimizer_state is not None:
-        set_optimizer_state_dict(_root(model), optimizer, optimizer_state, options=options)
+        set_optimizer_state_dict(_root(model), optimizer, _keyed_by_name(model, optimizer, optimizer_state),
+                                 options=options)
+
+
+def _keyed_by_name(model, optimizer, optimizer_state: dict) -> dict:
+    """A plain `optimizer.state_dict()` (parameters numbered in the optimizer's order) keyed by parameter name
+    instead, the form set_optimizer_state_dict reads (it fails with KeyError 'state.0.step' on numbers). The
+    optimizer being loaded was built over the same parameters in the same order as the one that saved."""
+    names = {id(p): n for n, p in _root(model).named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    if not all(isinstance(i, int) for g in optimizer_state["param_groups"] for i in g["params"]):
+        return optimizer_state  # already keyed by name
+    return {"state": {order[i]: s for i, s in optimizer_state["state"].items()},
+            "param_groups": [{**g, "params": [order[i] for i in g["params"]]}
+                             for g in optimizer_state["param_groups"]]}

@@ -373,12 +373,13 @@ def packed_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     masked = kernel in packing.MASKED_KERNELS and packing.plain_causal(model)
     pad_id = getattr(model.config, "pad_token_id", None) or 0
     # one bin for a varlen kernel (flash-attn: batch 1, positions restarting per row), else bins of the longest unit
+    hidden = getattr(model.config.get_text_config(), "hidden_size", 1024)
     packed = packing.pack(input_ids, attention_mask, R, share_prompts and masked,
-                          one_bin=kernel not in packing.MASKED_KERNELS, pad_id=pad_id)
+                          one_bin=kernel not in packing.MASKED_KERNELS, pad_id=pad_id, hidden=hidden)
     if masked and packed.ids.numel() * packed.ids.shape[1] > input_ids.numel() * input_ids.shape[1]:
         # a group laid as one unit longer than padding makes its rows: its (b, L, L) mask and scores would
-        # exceed the padded pass's (N, P+R, P+R); unshared, each bin is at most one row's width
-        packed = packing.pack(input_ids, attention_mask, R, False, pad_id=pad_id)
+        # exceed the padded pass's (N, P+R, P+R); unshared, bins of one row's width at most can do no worse
+        packed = packing.pack(input_ids, attention_mask, R, False, pad_id=pad_id, hidden=hidden)
     mask = None
     if masked:
         embed = model.get_input_embeddings().weight

@@ -7,8 +7,8 @@ rounding: tests/core/test_packing.py compares them, and their gradients, with th
 on the layout built here (this module holds no model code):
 
 1. Each row's real tokens (its prompt without the left padding, its response up to its end) are laid end to end
-   in a few bins (first fit, longest first; a bin is as long as the longest unit), each token at the position it
-   has in its own row, so the rotary embedding sees the same positions.
+   in a few bins (first fit, longest first, of the capacity that costs least: `bin_capacity`), each token at the
+   position it has in its own row, so the rotary embedding sees the same positions.
 2. Attention stays within a row. For the kernels that take a mask (sdpa, eager) minirl builds it: causal within a
    row, nothing across rows. For those that do not (flash-attn) the whole micro-batch is one bin whose
    position_ids restart at 0 at each row, from which transformers derives the varlen boundaries
@@ -63,9 +63,10 @@ def plain_causal(model) -> bool:
 
 
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, R: int, share_prompts: bool = True,
-         one_bin: bool = False, pad_id: int = 0) -> Packed:
+         one_bin: bool = False, pad_id: int = 0, hidden: int = 1024) -> Packed:
     """Lay out a micro-batch's real tokens (see the module docstring). share_prompts: adjacent rows with the same
-    prompt (a group) lay it once; one_bin: a single bin (varlen kernels), else bins as long as the longest unit."""
+    prompt (a group) lay it once; one_bin: a single bin (varlen kernels), else the bins of `bin_capacity`
+    (`hidden`: the model's hidden size, which weighs a bin's attention against its tokens)."""
     N, width = input_ids.shape
     P = width - R
     real = attention_mask.bool()
@@ -87,7 +88,7 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, R: int, share_pr
     piece_len = {"row": lambda r: lengths[r], "prompt": lambda r: prompt_len[r],
                  "response": lambda r: lengths[r] - prompt_len[r]}
     sizes = [sum(piece_len[kind](r) for r, kind in unit) for unit in units]
-    bins = _first_fit(sizes, sum(sizes) if one_bin else max(sizes))
+    bins = _first_fit(sizes, sum(sizes)) if one_bin else bin_capacity(sizes, hidden)
     L = max(sum(sizes[u] for u in b) for b in bins)
     ids = torch.full((len(bins), L), pad_id, dtype=input_ids.dtype, device=input_ids.device)
     pos = torch.zeros((len(bins), L), dtype=torch.long, device=input_ids.device)
@@ -125,6 +126,22 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, R: int, share_pr
             n_seg += 1
     device = input_ids.device
     return Packed(ids, pos, seg, ctx, laid, torch.cat(before).to(device), torch.cat(where).to(device))
+
+
+def bin_capacity(sizes: list[int], hidden: int) -> list[list[int]]:
+    """The bins (first fit) of the capacity, among multiples of the longest unit and the total, that costs least:
+    b bins of L tokens (the longest bin's; the others are filled up to it) cost b * L token passes through the
+    layers plus b * L^2 attention scores (a dense mask computes them all), a score ~1 / (6 * hidden) of a token
+    (a layer's matmuls: ~24 H^2 flops a token; its attention: ~4 H a score)."""
+    longest, total = max(sizes), sum(sizes)
+    best, best_cost = None, float("inf")
+    for capacity in sorted({*range(longest, total, longest), total}):
+        bins = _first_fit(sizes, capacity)
+        L = max(sum(sizes[u] for u in b) for b in bins)
+        cost = len(bins) * L * (1 + L / (6 * hidden))
+        if cost < best_cost:
+            best, best_cost = bins, cost
+    return best
 
 
 def _first_fit(sizes: list[int], capacity: int) -> list[list[int]]:

@@ -134,8 +134,9 @@ def sample(model, tokenizer, prompts: list[str] | list[list[int]], group_size: i
     finally:
         model.train(was_training)
     rollout = make_rollout(tokenizer, prompt_ids, prompt_mask, response_ids, eos_ids, group_size, stop, budgets)
-    if logp is not None:
-        rollout.sampler_logp = logp[:, :response_ids.shape[1]] * rollout.response_mask                   # (N, R)
+    if logp is None:  # generate split the rows by the context itself: the sampler's log-probs are unknown (NaN)
+        logp = torch.full((len(prompt_ids), response_ids.shape[1]), float("nan"), device=prompt_ids.device)
+    rollout.sampler_logp = torch.where(rollout.response_mask.bool(), logp[:, :response_ids.shape[1]], 0.0)  # (N, R)
     return rollout
 
 
@@ -214,7 +215,8 @@ def _generate_chunks(model, tokenizer, prompt_ids: torch.Tensor, prompt_mask: to
     """Hugging Face generate over each chunk of groups, with one batch's noise (GroupNoise over NoiseSteps), the
     sampler's log-probs recorded by two processors around the sampler's. Where prompt + budget pass the model's
     context, generate already runs the rows in groups of its own (hf_generate.generate): one call, and no
-    log-probs (its groups are not known here). -> ((N, R') response ids, logp or None)."""
+    log-probs (its groups are not known here; sample marks them unknown, NaN, which update.forward_backward
+    leaves out of the mismatch metrics and gives IS weight 1). -> ((N, R') response ids, logp or None)."""
     G, (N, P) = group_size, prompt_ids.shape
     context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if context is not None and P + int(budgets.max()) > context:

@@ -123,7 +123,7 @@ def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, 
         sums.update({"rollout_corr/rollout_is_mean": 0.0, "rollout_corr/rollout_is_ratio_fraction_high": 0.0})
     elif loss.rollout_is_cap > 0:
         raise ValueError("config key 'rollout_is_cap' needs the sampler's log-probs, which this rollout engine "
-                         "does not return (the vLLM engine, or HF generate split by the context); set it to 0")
+                         "does not return (the vLLM engine); set it to 0")
     ranges = micro_batch_size if isinstance(micro_batch_size, list) else \
         [range(s, min(s + micro_batch_size, N)) for s in range(0, N, micro_batch_size)]
     for rows in ranges:
@@ -135,12 +135,16 @@ def forward_backward(model, batch: dict[str, torch.Tensor], loss: LossSettings, 
         share = float(mask.sum()) / max(num_tokens, 1.0)  # this micro-batch's share of the step's tokens
         weights = None
         if corrected:  # the sampler's log-probs against the trainer's pi_old, which the loss assumes
-            for k, v in sampler_mismatch(old_logp, mb["sampler_logp"], mask).items():
+            # a token whose sampler log-prob is unknown (NaN: generate split the rows by the context) is left out
+            # of the metrics and gets weight 1, on every process alike
+            known = torch.isfinite(mb["sampler_logp"])
+            sampler_logp = torch.where(known, mb["sampler_logp"], old_logp)
+            for k, v in sampler_mismatch(old_logp, sampler_logp, mask * known).items():
                 key = f"rollout_corr/{k}"
                 sums[key] = max(sums[key], float(v)) if k.endswith("_max") else sums[key] + float(v) * share
             if loss.rollout_is_cap > 0:
-                weights = rollout_is_weights(old_logp, mb["sampler_logp"], loss.rollout_is_cap)   # (n, R)
-                raw = torch.exp((old_logp - mb["sampler_logp"]).clamp(-20, 20))
+                weights = rollout_is_weights(old_logp, sampler_logp, loss.rollout_is_cap)   # (n, R)
+                raw = torch.exp((old_logp - sampler_logp).clamp(-20, 20))
                 sums["rollout_corr/rollout_is_mean"] += float((weights * mask).sum()) / max(num_tokens, 1.0)
                 sums["rollout_corr/rollout_is_ratio_fraction_high"] += \
                     float(((raw > loss.rollout_is_cap) * mask).sum()) / max(num_tokens, 1.0)

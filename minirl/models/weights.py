@@ -56,12 +56,15 @@ def load_weights(model, folder: Path) -> None:
                            f"unexpected {unexpected[:5]}")
 
 
-def file_chunks(folder: str | Path, groups: list[list[str]], max_bytes: int) -> list[list[tuple[str, str]] | None]:
+def file_chunks(folder: str | Path, groups: list[list[str]], max_bytes: int, rename=None
+                ) -> list[list[tuple[str, str]] | None]:
     """The tensors of a model folder's safetensors files in reading order, grouped into chunks of at most
     `max_bytes` (a larger tensor goes alone): [(file, tensor name), ...] per chunk, for read_chunk. `groups`: the
     model's state-dict names, tied names together (lm_head = embeddings, saved once); each group needs one name
     in the files. When the files do not hold exactly those names (an architecture whose weights transformers
-    renames or fuses while loading, or .bin files), one chunk `None`: read_chunk then runs from_pretrained."""
+    renames or fuses while loading, or .bin files), one chunk `None`: read_chunk then runs from_pretrained.
+    `rename(file name) -> model name, or None for a tensor not loaded` (the critic's body: `model.*` is `body.*`,
+    the LM head is not read): the names compared with `groups`; the chunks keep the files' names."""
     import json
     import struct
     entries, names = [], set()
@@ -69,10 +72,11 @@ def file_chunks(folder: str | Path, groups: list[list[str]], max_bytes: int) -> 
         with open(f, "rb") as fh:  # the header: 8 bytes of length, then JSON {name: {dtype, shape, data_offsets}}
             header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
         for name, info in header.items():
-            if name != "__metadata__":
+            target = name if rename is None or name == "__metadata__" else rename(name)
+            if name != "__metadata__" and target is not None:
                 start, end = info["data_offsets"]
                 entries.append((f.name, name, end - start))
-                names.add(name)
+                names.add(target)
     known = {n for g in groups for n in g}
     if not entries or not names <= known or not all(names.intersection(g) for g in groups):
         return [None]

@@ -6,6 +6,7 @@ number of processes (see its docstring). Each 2-process run must also exit clean
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -104,3 +105,44 @@ def test_fsdp_runs_equal_passes_with_unequal_groups_and_widths(tmp_path, tiny_pa
                      "--prompts_per_step", "4", "--dynamic_sampling", "true", "--max_sampling_rounds", "1",
                      "--fsdp", "true", "--micro_batch_tokens", "64", "--val_files", "")
     assert len(rows) == 3 and all(r["batch/groups"] + r["batch/groups_dropped"] == 8 for r in rows)
+
+
+def test_fsdp_shards_ppos_critic_trains_it_like_one_process_and_resumes_it_bit_for_bit(tmp_path, one_process):
+    """PPO with fsdp on 2 processes: the critic is sharded like the policy (built on the meta device, filled from
+    process 0's read, its AdamW state on the shards, saved in its own sharded folder); its first step equals one
+    process's on the same global batch (step 2, where the body's gradients are no longer 0, to 1e-3), and a resume
+    from the step-1 checkpoint gives the straight run's step 2 and final critic bit for bit."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    args = [*COMMON, *SETTINGS["ppo"], "--fsdp", "true", "--prompts_per_step", "4", "--save_every", "1"]
+    rows, ranks = launch(straight, "fixed_sampling", *args)
+    ref = one_process["ppo"]
+    assert ranks[0]["critic_sharded"] and ranks[1]["critic_sharded"] and ranks[0]["sharded"]
+    for step, tol in ((0, 1e-5), (1, 1e-3)):
+        assert rows[step]["critic/reward/mean"] == ref[step]["critic/reward/mean"]  # the same completions
+        for key in ["critic/vf_loss", "critic/grad_norm", "critic/vpred_mean", "actor/pg_loss"]:
+            assert rows[step][key] == pytest.approx(ref[step][key], rel=tol, abs=tol), (step, key)
+    assert rows[1]["critic/vpred_mean"] != 0.0  # the critic trained (its value head starts at 0)
+    ckpt = straight / "checkpoints" / "step_000001"
+    assert {p.name for p in (ckpt / "critic_sharded").iterdir()} == {".metadata", "__0_0.distcp", "__1_0.distcp"}
+    assert not (ckpt / "critic.pt").exists()  # nothing gathered
+    shutil.copytree(ckpt, resumed / "checkpoints" / ckpt.name)
+    shutil.copy(straight / "metrics.jsonl", resumed / "metrics.jsonl")
+    again, _ = launch(resumed, "fixed_sampling", *args, "--resume", "auto")
+    untimed = lambda r: {k: v for k, v in r.items() if not k.startswith("timing_s/")}  # noqa: E731
+    assert [untimed(r) for r in again] == [untimed(r) for r in rows]
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    for run in (straight, resumed):
+        dcp_to_torch_save(run / "checkpoints" / "step_000002" / "critic_sharded", run / "critic.pt")
+    a, b = (torch.load(run / "critic.pt", weights_only=False) for run in (straight, resumed))
+    assert any(k.startswith("body.layers.") for k in a["model"]) and "value_head.weight" in a["model"]
+    fa, fb = flat(a), flat(b)  # weights and AdamW's state
+    assert any("exp_avg_sq" in k for k in fa) and fa.keys() == fb.keys()
+    assert all(torch.equal(v, fb[k]) if torch.is_tensor(v) else v == fb[k] for k, v in fa.items())
+
+
+def flat(x, key: str = "") -> dict:
+    """A nested state dict's leaves by their path."""
+    if isinstance(x, (dict, list)):
+        items = x.items() if isinstance(x, dict) else enumerate(x)
+        return {k: v for name, sub in items for k, v in flat(sub, f"{key}/{name}").items()}
+    return {key: x}

@@ -46,12 +46,14 @@ def layouts(monkeypatch):
     return laid
 
 
-@pytest.mark.parametrize("route", ["sdpa", "eager", "sdpa-unshared", "position_ids"])
+@pytest.mark.parametrize("route", ["sdpa", "eager", "sdpa-bins", "eager-bins", "sdpa-unshared", "position_ids"])
 def test_packed_logprobs_and_entropy_equal_the_padded_ones(monkeypatch, random_model, batch, layouts, route):
     ids, mask = batch
-    random_model.config._attn_implementation = "eager" if route == "eager" else "sdpa"
+    random_model.config._attn_implementation = "eager" if route.startswith("eager") else "sdpa"
     if route == "position_ids":   # the varlen kernels' route (flash-attn): one bin, positions restarting per row
         monkeypatch.setattr(packing, "MASKED_KERNELS", ())
+    if route.endswith("bins"):    # bins as long as the longest unit (a larger model's choice), the others filled
+        monkeypatch.setattr(packing, "bin_capacity", lambda sizes, hidden: packing._first_fit(sizes, max(sizes)))
     with torch.no_grad():
         want, want_ent = token_logprobs(random_model, ids, mask, R, 0.7, with_entropy=True)
         got, got_ent = logprobs.packed_logprobs(random_model, ids, mask, R, 0.7, with_entropy=True,
@@ -61,9 +63,11 @@ def test_packed_logprobs_and_entropy_equal_the_padded_ones(monkeypatch, random_m
     assert_close_at_scale(got_ent[real], want_ent[real])
     assert (got[~real] == 0).all() and (got_ent[~real] == 0).all()
     laid = layouts[0]
-    shared = route in ("sdpa", "eager")
+    shared = route not in ("sdpa-unshared", "position_ids")
     assert int(laid.laid.sum()) == int(mask.sum()) - (SHARED if shared else 0)     # no padding, prompts once
     assert int((laid.context != laid.segment).sum()) == (int(mask[:, P:].sum()) if shared else 0)  # responses
+    if route.endswith("bins"):
+        assert laid.ids.shape[0] > 1 and not bool(laid.laid.all())    # several bins, one with a filled tail
     if route == "position_ids":
         assert laid.ids.shape[0] == 1 and bool(laid.laid.all())    # one bin, no filler
         assert int((laid.positions[0] == 0).sum()) == 6            # each row restarts at position 0

@@ -118,3 +118,28 @@ def test_the_cap_without_sampler_logprobs_is_refused_by_name(random_model):
              "response_mask": torch.ones(2, 2), "advantages": torch.ones(2)}
     with pytest.raises(ValueError, match="rollout_is_cap"):
         forward_backward(random_model, batch, LossSettings(rollout_is_cap=2.0), 2, 4.0, 2.0)
+
+
+def test_sampler_logprobs_unknown_past_the_context_leave_the_metrics_and_get_weight_one(random_model, tiny_tokenizer,
+                                                                                       monkeypatch):
+    """A model the decode loop does not serve (length-dependent RoPE), where prompt + budget pass its context:
+    generate splits the rows itself and the sampler's log-probs are not recorded. They are NaN on the response's
+    tokens (0 after it), the step keeps every metric key (so processes stay in step) and the correction gives
+    those tokens weight 1 instead of stopping the run."""
+    import minirl.rollout as rollout
+    monkeypatch.setattr(rollout, "shares_prompts", lambda *a: False)
+    from minirl.update import LossSettings, forward_backward
+    prompts = ["1+2=", "7+5=12 and 3+4="]
+    P = max(len(tiny_tokenizer(p, add_special_tokens=False).input_ids) for p in prompts)
+    random_model.config.max_position_embeddings = P + 5
+    torch.manual_seed(0)
+    ro = rollout.sample(random_model, tiny_tokenizer, prompts, 2, 8, temperature=1.0)
+    real = ro.response_mask.bool()
+    assert torch.isnan(ro.sampler_logp[real]).all() and (ro.sampler_logp[~real] == 0).all()
+    batch = {"input_ids": ro.input_ids, "attention_mask": ro.attention_mask, "response_mask": ro.response_mask,
+             "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5]), "sampler_logp": ro.sampler_logp}
+    settings = LossSettings("ppo", max_new_tokens=8, rollout_is_cap=2.0)
+    n = float(ro.response_mask.sum())
+    metrics = forward_backward(random_model, batch, settings, 4, n, 4.0)
+    assert metrics["rollout_corr/k3_kl"] == 0 and metrics["rollout_corr/rollout_is_mean"] == pytest.approx(1.0)
+    assert all(v == v for v in metrics.values())                      # no NaN reaches a metric

@@ -160,3 +160,41 @@ def test_one_process_with_fsdp_takes_the_same_path_and_resumes_exactly(tmp_path,
     assert training_rows(tmp_path / "resumed") == training_rows(tmp_path / "straight")
     a, b = (load_file(str(tmp_path / run / "model.safetensors")) for run in ("straight", "resumed"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+UNSHARDED_INTO_SHARDED = """
+import copy, os, sys, torch, torch.distributed as dist, transformers as T
+from minirl.distributed import full_state_dict, load_full_state, shard
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
+cfg = T.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                    num_key_value_heads=1, tie_word_embeddings=sys.argv[2] == "tied")
+torch.manual_seed(0)
+x, plain = torch.randint(0, 64, (2, 8)), T.LlamaForCausalLM(cfg)
+opt = torch.optim.AdamW(plain.parameters(), lr=1e-2)
+for i in range(2):
+    if i == 1:  # what a plain (fsdp: false) checkpoint holds after step 1
+        saved = ({k: v.clone() for k, v in plain.state_dict().items()}, copy.deepcopy(opt.state_dict()))
+    plain(x, labels=x).loss.backward(); opt.step(); opt.zero_grad()
+model = T.LlamaForCausalLM(cfg); shard(model)
+opt2 = torch.optim.AdamW(model.parameters(), lr=1e-2)
+load_full_state(model, opt2, *saved)
+model(x, labels=x).loss.backward(); opt2.step()
+got = full_state_dict(model)
+assert all(torch.equal(v, got[k]) for k, v in plain.state_dict().items()), "weights differ after the resumed step"
+print("same")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("tied", ["tied", "untied"])
+def test_a_plain_checkpoint_resumed_under_fsdp_takes_its_numbered_optimizer_state(tied):
+    """optimizer.pt of a run without fsdp numbers its parameters; resumed into a sharded model (a group of one
+    process here) it gives the next step of the run that never stopped, bit for bit (set_optimizer_state_dict
+    raised KeyError 'state.0.step' on the numbered form)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run([sys.executable, "-c", UNSHARDED_INTO_SHARDED, str(port), tied], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("same"), proc.stderr[-3000:]

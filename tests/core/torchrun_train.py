@@ -128,6 +128,7 @@ def run(out: Path, hooks: str, args: list[str]) -> dict:
     policy = result["policy"]
     with gathered(policy), torch.no_grad():  # full parameters, as this process sees them
         info = {"sharded": is_sharded(policy), "world": world_size(),
+                "critic_sharded": result.get("critic") is not None and is_sharded(result["critic"]),
                 "trainable": checksum(p for p in policy.parameters() if p.requires_grad),
                 "all": checksum(policy.parameters()), **RECORD}
     if world_size() > 1:  # what the process group's collectives wait for (config key dist_timeout_s)
