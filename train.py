@@ -21,8 +21,8 @@ by metric_utils.compute_timing_metrics as `timing_s/<name>`; `timing_s/update` i
 Distributed training is data parallel: every process samples its own prompts, and the step's numbers that
 span processes (token counts, gradient sums, statistics) go through the named helpers of
 minirl/distributed.py (`global_counts`, `global_mean`, ...), which are the identity on one process. With
-`--fsdp true` the policy is sharded; nothing below changes. The judge (sandboxed programs for code rows) is
-built here and handed to the scorer: the core never imports it.
+`--fsdp true` the policy, the reference and the critic are sharded; nothing below changes. The judge (sandboxed
+programs for code rows) is built here and handed to the scorer: the core never imports it.
 Metrics go to <output_dir>/metrics.jsonl with verl's names; the final model is saved in <output_dir>.
 """
 from __future__ import annotations

@@ -9,7 +9,7 @@ its config (no memory) to count its parameters exactly; the sizes are those the 
 - trained weights, gradients and AdamW's two moments are fp32 (4 + 4 + 8 bytes a parameter), divided by the
   number of GPUs under FSDP; gradients live from backward to the optimizer step (zero_grad frees them);
 - the KL reference: in the compute dtype on every GPU, or under FSDP in fp32 shards like the policy; PPO's
-  critic is fp32 + AdamW, replicated;
+  critic: fp32 weights, gradients and AdamW (16 bytes a parameter), replicated, or under FSDP sharded too;
 - rollouts: FSDP gathers a compute-dtype copy of the whole model (`distributed.gathered`); plain data parallel
   computes under autocast, which caches a compute-dtype copy of every weight for as long as it is on;
 - the rollout's key/value cache: layers x kv heads x (key + value dims) per token (`rollout.kv_bytes_per_row`),
@@ -102,7 +102,7 @@ def plan(cfg, m: dict, gpus: int, gpu_bytes: float, prompt_tokens: int, compute:
     part = {"weights": (compute * P if lora else 4 * P / shards), "gradients": 0 if lora else 4 * P / shards,
             "optimizer": 0 if lora else 8 * P / shards,
             "reference": (4 * P / shards if fsdp else compute * P) if cfg.kl_coef > 0 and not lora else 0,
-            "critic": 16 * P if cfg.algorithm == "ppo" else 0}
+            "critic": 16 * P / shards if cfg.algorithm == "ppo" else 0}
     # a compute-dtype copy of the weights: FSDP's gathered model (rollouts), autocast's cache (plain, not fp32)
     part["gathered"] = compute * P if (fsdp or compute < 4) else 0
     part["gathered_train"] = compute * (m["root_params"] + 2 * m["layer_params"]) if fsdp else part["gathered"]

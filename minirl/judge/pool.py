@@ -185,8 +185,11 @@ class Judge:
             if job["language"] not in LANGUAGES:
                 raise ValueError(f"unsupported language {job['language']!r}; use 'cpp' or 'python'")
         batch = _Batch(jobs, self._schedule, self._holders)
+        # no more threads than tests (or jobs, to compile): an idle one would wait for a uid behind other calls'
+        # work, and the call (its finished results: a server's outputs, 8 MiB each) with it
+        useful = max(len(jobs), sum(len(job["tests"]) for job in jobs))
         threads = [threading.Thread(target=self._worker, args=(batch,), name=f"judge-{k}", daemon=True)
-                   for k in range(self.workers if jobs else 0)]
+                   for k in range(min(self.workers, useful))]
         with self._calls_done:
             self._calls += 1
         try:

@@ -40,6 +40,7 @@ import json
 import re
 import resource
 import signal
+import sys
 from http.server import BaseHTTPRequestHandler
 from json.encoder import encode_basestring_ascii  # json.dumps's own string encoder (C)
 
@@ -235,23 +236,52 @@ def cut_outputs(reply: dict, budget: int = REPLY_OUTPUT_BYTES) -> dict:
 
 
 def _json_prefix(text: str, budget: int, step: int = 1 << 16) -> tuple[str, int]:
-    """The longest prefix of `text` whose JSON string escapes take at most `budget` bytes, and their size;
-    encoded a chunk at a time (never the whole text's escapes at once: up to 6x its size)."""
+    """The longest prefix of `text` whose cost takes at most `budget` bytes, and that cost: the larger of its JSON
+    string escapes and what it holds in memory (a str with one character past U+FFFF takes 4 bytes a character, so
+    16 MiB of ASCII and one emoji is 16 MiB of JSON but 64 MiB held); encoded a chunk at a time (never the whole
+    text's escapes at once: up to 6x its size)."""
+    width = min(4, max(1, round((sys.getsizeof(text) - sys.getsizeof("")) / max(len(text), 1))))  # bytes a char
+    cost = lambda piece: max(len(encode_basestring_ascii(piece)) - 2, len(piece) * width)  # noqa: E731
     size, pos = 0, 0
     while pos < len(text):
         chunk = text[pos:pos + step]
-        n = len(encode_basestring_ascii(chunk)) - 2   # what json.dumps writes, less the quotes
+        n = cost(chunk)
         if size + n > budget:                          # the last chunk that fits in part: bisect it
             lo, hi = 0, len(chunk)
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                if len(encode_basestring_ascii(chunk[:mid])) - 2 <= budget - size:
+                if cost(chunk[:mid]) <= budget - size:
                     lo = mid
                 else:
                     hi = mid - 1
-            return text[:pos + lo], size + len(encode_basestring_ascii(chunk[:lo])) - 2
+            return text[:pos + lo], size + cost(chunk[:lo])
         size, pos = size + n, pos + len(chunk)
     return text, size
+
+
+def json_pieces(obj, step: int = 1 << 16):
+    """json.dumps(obj) (its default separators, ASCII) as pieces of at most ~6 x `step` characters: a long
+    string is escaped a chunk at a time, so writing a reply never holds its whole JSON (up to 6x its outputs)."""
+    if isinstance(obj, str):
+        yield '"'
+        for pos in range(0, len(obj), step):
+            yield encode_basestring_ascii(obj[pos:pos + step])[1:-1]
+        yield '"'
+    elif isinstance(obj, dict):
+        yield "{"
+        for k, (key, value) in enumerate(obj.items()):
+            yield (", " if k else "") + encode_basestring_ascii(key if isinstance(key, str) else json.dumps(key)) + ": "
+            yield from json_pieces(value, step)
+        yield "}"
+    elif isinstance(obj, (list, tuple)):
+        yield "["
+        for k, value in enumerate(obj):
+            if k:
+                yield ", "
+            yield from json_pieces(value, step)
+        yield "]"
+    else:
+        yield json.dumps(obj)
 
 
 def submit_response(res: JudgeResult, job: dict, code: str, sample_id) -> dict:
@@ -277,12 +307,14 @@ class JudgeServer(BackgroundServer):
     server_class = GuardedHTTPServer
 
     def __init__(self, judge: Judge, host: str = "127.0.0.1", port: int = 8080, memory_limit_mb: int = 1024,
-                 max_memory_mb: int = MAX_MEMORY_MB, max_connections: int = 128, request_deadline_s: float = 60.0):
+                 max_memory_mb: int = MAX_MEMORY_MB, max_connections: int = 128, request_deadline_s: float = 60.0,
+                 **guard):
         self.judge, self.memory_limit_mb, self.max_memory_mb = judge, memory_limit_mb, max_memory_mb
         # descriptors beyond the connections': the listening socket, and each worker's sandbox socket, a test's
         # stdin, stdout and stderr (both ends), its output files (`connection_cap`)
         super().__init__(_handler(self), host, port, "minirl-judge-server", max_connections=max_connections,
-                         request_deadline_s=request_deadline_s, spare_descriptors=32 + 8 * judge.workers)
+                         request_deadline_s=request_deadline_s, spare_descriptors=32 + 8 * judge.workers,
+                         **guard)  # reply_deadline_s, reply_budget_bytes, body_budget_bytes (server_guard.py)
 
     def handle(self, path: str, body: dict) -> dict:
         """The reply to POST `path`; RequestError for a request to refuse."""
@@ -321,20 +353,31 @@ def _handler(server: JudgeServer):
             pass
 
         def send_json(self, status: int, obj) -> None:
-            data = json.dumps(obj).encode()
+            """Write `obj` as JSON. Its size (exact, counted a piece at a time) is reserved from the server's reply
+            budget before any of its JSON exists, and the JSON is written a piece at a time: a reply waiting for
+            room holds only its (cut) outputs, and one that gets none by the deadline drops them and is a 503."""
+            size = sum(map(len, json_pieces(obj)))
             server.httpd.replying(self.connection)  # a short deadline, and evictable: a slow reader of it
-            if not server.httpd.take_reply(len(data)):  # replies being written hold the server's budget
+            held = size if server.httpd.take_reply(size) else 0  # replies being written hold the server's budget
+            if not held:
+                if isinstance(obj, dict):
+                    obj.clear()          # its outputs go now, not when the caller returns
                 status, self.close_connection = 503, True
-                data = json.dumps({"detail": "the server holds its limit of replies being written; retry"}).encode()
-                held = 0
-            else:
-                held = len(data)
+                obj = {"detail": "the server holds its limit of replies being written; retry"}
+                size = sum(map(len, json_pieces(obj)))
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Content-Length", str(size))
                 self.end_headers()
-                self.wfile.write(data)
+                buffer, buffered = [], 0
+                for piece in json_pieces(obj):      # a write per 256 KiB, not per piece (small segments are slow)
+                    buffer.append(piece)
+                    buffered += len(piece)
+                    if buffered >= 1 << 18:
+                        self.wfile.write("".join(buffer).encode("ascii"))
+                        buffer, buffered = [], 0
+                self.wfile.write("".join(buffer).encode("ascii"))
             finally:
                 if held:
                     server.httpd.give_reply(held)
@@ -387,7 +430,8 @@ def _handler(server: JudgeServer):
 
 def serve(judge: Judge, host: str = "127.0.0.1", port: int = 8080, memory_limit_mb: int = 1024,
           max_memory_mb: int = MAX_MEMORY_MB, **guard) -> JudgeServer:
-    """Serve in a background thread (port 0: any port; .url); .close() stops. guard: max_connections, ..."""
+    """Serve in a background thread (port 0: any port; .url); .close() stops. guard: max_connections,
+    request_deadline_s, reply_deadline_s, reply_budget_bytes, body_budget_bytes."""
     return JudgeServer(judge, host, port, memory_limit_mb, max_memory_mb, **guard).start()
 
 

@@ -33,7 +33,9 @@ Why each:
   connection writing one is evictable at the cap like one reading its request. A reply's outputs are cut to
   server.py's REPLY_OUTPUT_BYTES of JSON (16 MiB of "\x01" was 96 MiB of escapes), and replies being written
   share a server-wide budget (`reply_budget_bytes`, 256 MiB): a reply waits up to `reply_deadline_s` for room,
-  then is a 503 (8 clients that never read their 96 MiB replies held 1.1 GiB).
+  then is a 503 (8 clients that never read their 96 MiB replies held 1.1 GiB). The budget is reserved before the
+  reply's JSON exists (server.py writes it a piece at a time), and replies waiting for room, which hold their
+  outputs, share a second budget of the same size; past it, a 503 at once (40 non-reading clients held 1.7 GiB).
 - The connection cap is clamped at start to what RLIMIT_NOFILE leaves (`connection_cap`): past the descriptor
   limit accept() failed before the cap was reached, so no idle connection was ever evicted.
 Left out: authentication and per-client quotas (the server binds 127.0.0.1 by default; put it on a private network).
@@ -125,6 +127,7 @@ class GuardedHTTPServer(ThreadingHTTPServer):
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)     # a reply's bytes were given back
         self._replies = 0                                # bytes of replies being written, held
+        self._waiting = 0                                # bytes of replies waiting for room, held
         self._open: set[socket.socket] = set()
         self._reading: dict[socket.socket, float] = {}   # socket -> when it started reading its request
         self._replying: dict[socket.socket, float] = {}  # socket -> when it started writing its reply
@@ -173,11 +176,20 @@ class GuardedHTTPServer(ThreadingHTTPServer):
     def take_reply(self, n: int) -> bool:
         """Reserve `n` bytes of the server-wide budget for a reply being written, waiting up to
         `reply_deadline_s` for room (a reply larger than the whole budget waits for every other); False if there
-        is none by then: the caller answers 503."""
+        is none by then, or at once where the replies already waiting hold a budget's worth: the caller answers 503.
+        A waiting reply holds its outputs, so waiters share a budget of their own: the server holds at most twice
+        `reply_budget_bytes` of replies (40 clients that never read each held their whole output while waiting)."""
         with self._room:
             fits = lambda: self._replies == 0 or self._replies + n <= self.reply_budget_bytes  # noqa: E731
-            if not self._room.wait_for(fits, timeout=self.reply_deadline_s):
-                return False
+            if not fits():
+                if self._waiting and self._waiting + n > self.reply_budget_bytes:
+                    return False
+                self._waiting += n
+                try:
+                    if not self._room.wait_for(fits, timeout=self.reply_deadline_s):
+                        return False
+                finally:
+                    self._waiting -= n
             self._replies += n
             return True
 

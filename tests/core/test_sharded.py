@@ -72,6 +72,24 @@ def test_one_process_loads_on_meta_what_from_pretrained_loads(tiny_path, monkeyp
     assert all(torch.equal(model.state_dict()[k], plain[k]) for k in plain)
 
 
+def test_one_process_loads_the_critic_on_meta_as_load_critic_does(tiny_path, monkeypatch):
+    """PPO's critic under fsdp, world size 1: the files' `model.*` read in chunks into its body (their LM head
+    not read, nothing through from_pretrained), its value head zeroed: the weights of a plain load_critic."""
+    import functools
+
+    from minirl.critic import load_critic
+    from minirl.distributed import shard_and_load
+    from minirl.models import weights
+    cpu, real_chunks, seen = torch.device("cpu"), weights.file_chunks, []
+    monkeypatch.setattr(weights, "file_chunks", lambda *args: seen.append(real_chunks(*args)) or seen[-1])
+    plain = load_critic(str(tiny_path), torch.float32, "sdpa", False, cpu).state_dict()
+    place = functools.partial(shard_and_load, device=cpu, chunk_bytes=1 << 16)
+    state = load_critic(str(tiny_path), torch.float32, "sdpa", True, cpu, place=place).state_dict()
+    assert len(seen[0]) > 10 and None not in seen[0]  # read in chunks, not the from_pretrained fallback
+    assert state.keys() == plain.keys() and all(torch.equal(state[k], plain[k]) for k in plain)
+    assert not state["value_head.weight"].any() and not state["value_head.bias"].any()
+
+
 def test_sharded_load_equals_a_plain_load_without_a_full_copy_per_process(tmp_path, model_125m):
     """Process 0 reads the files 64 MB at a time (one tensor larger than that alone: the 98 MB embeddings) and
     broadcasts; each process keeps its half. Neither holds a full copy (500 MB) plus its shard (250 MB)."""

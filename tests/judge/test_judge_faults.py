@@ -7,8 +7,11 @@ import socket
 import threading
 import time
 
+import pytest
+
 from minirl.judge import Judge
 from minirl.judge.remote import RemoteJudge
+from minirl.judge.verdict import is_refusal
 from minirl.rewards import Scorer
 
 AB = [{"input": "1 2\n", "output": "3"}]
@@ -104,6 +107,28 @@ def test_a_checker_that_gave_no_verdict_is_a_judge_error_and_one_that_rejects_is
                                        checker={"language": "python", "source": c}) for c in checkers])
     assert [r.verdict for r in results] == ["AC", "WA", "JE", "JE", "JE"], [(r.verdict, r.message) for r in results]
     assert "checker" in results[2].message and "wall-clock" in results[4].message
+
+
+# testlib's habit: _fail (exit 3) when the participant's answer beats the jury's, on a minimisation problem
+BEATS_THE_JURY = ("import sys\nj = int(open(sys.argv[2]).read()); p = int(open(sys.argv[3]).read())\n"
+                  "sys.exit(1 if p > j else 3 if p < j else 0)\n")
+
+
+@pytest.mark.parametrize("cgroups", [True, False], ids=["cgroups", "no-cgroups"])
+def test_a_checker_failure_caused_by_the_programs_answer_is_a_wrong_answer_not_a_judge_error(cgroups):
+    """Before: exit code 3 was always JE, so a wrong program printing 0 on a minimisation problem whose testlib
+    checker fails on answers better than the jury's dodged its negative reward (JE is masked out). Now the checker
+    judges the jury's own answer too: it accepts it, so the failure is the program's (WA); a checker that fails
+    on the jury's answer as well is still the job's fault (JE, refused)."""
+    tests = [{"input": "5\n", "output": "7"}, {"input": "6\n", "output": "7"}]
+    always_fails = CHECKER_EXITS.format(3)
+    jobs = [dict(source=src, language="python", tests=tests, checker={"language": "python", "source": chk})
+            for src, chk in [("print(7)", BEATS_THE_JURY), ("print(8)", BEATS_THE_JURY),
+                             ("print(0)", BEATS_THE_JURY), ("print(0)", BEATS_THE_JURY), ("print(7)", always_fails)]]
+    with Judge(workers=1, cgroups=cgroups) as judge:
+        results = judge.run_many(jobs)
+    assert [r.verdict for r in results] == ["AC", "WA", "WA", "WA", "JE"], [(r.verdict, r.message) for r in results]
+    assert is_refusal(results[4]) and "jury's own answer" in results[4].message, results[4]
 
 
 def test_a_job_refused_for_what_it_asks_is_a_400_that_no_client_retries():
