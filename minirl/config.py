@@ -26,7 +26,7 @@ class Config:
     # the final model's dtype; auto: as its config says
     save_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # auto: flash-attn where it is installed, on CUDA, with dtype bfloat16/float16 (it takes no fp32); else sdpa
-    attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = "auto"  # device-branch: models/attn-pick
+    attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = "auto"
     gradient_checkpointing: bool = False  # recompute activations in backward (generation keeps the KV cache)
     fsdp: bool = False                    # shard the policy with FSDP2 across processes (full fine-tuning)
     load_in_bits: Literal[0, 4, 8] = 0    # 4/8-bit base weights, bitsandbytes (CUDA only; needs lora_rank > 0)
@@ -232,7 +232,8 @@ def check(cfg: Config) -> None:
     if cfg.dist_timeout_s < 1:
         raise ConfigError(f"config key 'dist_timeout_s' must be >= 1 (seconds), got {cfg.dist_timeout_s}")
     for key in ["max_steps", "val_max_samples", "val_every", "save_every", "keep_last", "warmup_steps",
-                "micro_batch_tokens", "judge_workers", "log_sample_groups"]:  # counts: 0 means "off" or "all", negative means nothing
+                "micro_batch_tokens", "judge_workers", "log_sample_groups"]:
+        # counts: 0 means "off" or "all", negative means nothing
         if getattr(cfg, key) < 0:
             raise ConfigError(f"config key '{key}' must be >= 0, got {getattr(cfg, key)}")
     for key in ["lr", "kl_coef", "clip_low", "clip_high", "max_grad_norm", "adv_eps", "weight_decay", "critic_lr",

@@ -141,7 +141,9 @@ def check_exact(model, compute_dtype: torch.dtype | None = None, tolerance: floa
                     f"{name} runs in {half} but not in {compute_dtype or torch.float32} ({type(e).__name__}: {e}): "
                     f"its attention kernel ({attn}) computes in float16/bfloat16 only; pass --dtype bfloat16 "
                     "(minirl computes under autocast), or --attn_implementation sdpa") from e
-            try:  # the architecture in fp32 with sdpa: the half-only kernel's rounding hides no bug
+            # device-branch: logprobs/check-exact-dtype (the architecture in fp32 with sdpa: the half-only
+            # kernel's rounding hides no bug)
+            try:
                 with torch.autocast(device.type, enabled=False), _in_fp32(model), _attention(model, "sdpa"):
                     checks.append((_exactness_errors(model, ids, mask), False))
             except Exception:  # noqa: BLE001  (quantised weights, or a model that cannot swap its attention)
@@ -230,10 +232,11 @@ def fp32_head(lm_head: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor
         return lambda hidden: lm_head(hidden).float()
     # a body in half precision: its states carry bf16's rounding, which TF32's (2^-11) does not add to, and TF32
     # runs the V x H matmul ~8x faster than IEEE fp32 on a GPU; an fp32 run keeps IEEE fp32 (exactness checks)
-    tf32 = torch.is_autocast_enabled(weight.device.type) or weight.dtype in HALF
+    tf32 = torch.is_autocast_enabled(weight.device.type) or weight.dtype in HALF  # device-branch: logprobs/fp32-head
     weight, bias = weight.float(), None if bias is None else bias.float()
 
     def head(hidden: torch.Tensor) -> torch.Tensor:
+        # device-branch: logprobs/fp32-head
         with torch.autocast(hidden.device.type, enabled=False), _tf32_matmuls(hidden.device, tf32):
             return torch.nn.functional.linear(hidden.float(), weight, bias)
     return head
@@ -372,24 +375,26 @@ def packed_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     kernel = getattr(model.config, "_attn_implementation", None) or "eager"
     masked = kernel in packing.MASKED_KERNELS and packing.plain_causal(model)
     pad_id = getattr(model.config, "pad_token_id", None) or 0
-    # one bin for a varlen kernel (flash-attn: batch 1, positions restarting per row), else bins of the longest unit
+    # one bin for a varlen kernel (flash-attn: batch 1, positions restarting per row), else packing.bin_capacity's
     hidden = getattr(model.config.get_text_config(), "hidden_size", 1024)
     packed = packing.pack(input_ids, attention_mask, R, share_prompts and masked,
                           one_bin=kernel not in packing.MASKED_KERNELS, pad_id=pad_id, hidden=hidden)
-    if masked and packed.ids.numel() * packed.ids.shape[1] > input_ids.numel() * input_ids.shape[1]:
-        # a group laid as one unit longer than padding makes its rows: its (b, L, L) mask and scores would
-        # exceed the padded pass's (N, P+R, P+R); unshared, bins of one row's width at most can do no worse
-        packed = packing.pack(input_ids, attention_mask, R, False, pad_id=pad_id, hidden=hidden)
     mask = None
     if masked:
         embed = model.get_input_embeddings().weight
         mask = packing.attention_mask_4d(packed, None if kernel == "sdpa" else embed.dtype)
     states = model.get_decoder()(input_ids=packed.ids, attention_mask=mask, position_ids=packed.positions,
                                  use_cache=False).last_hidden_state                          # (b, L, H)
-    hidden = states.reshape(-1, states.shape[-1])[packed.before]                             # (T, H)
-    targets = input_ids[:, -R:].reshape(-1)[packed.where]                                    # (T,)
+    # no response token at all (dynamic sampling's filler rows only): one state, weighted 0, so that the LM head
+    # stays in the graph and the backward (FSDP's collectives on every process) runs as for any micro-batch
+    empty = packed.where.numel() == 0
+    before = packed.before.new_zeros(1) if empty else packed.before
+    hidden = states.reshape(-1, states.shape[-1])[before]                                    # (T, H)
+    targets = input_ids[:, -R:].reshape(-1)[packed.where] if not empty else input_ids.new_zeros(1)  # (T,)
     logp, entropy = chunked_logprobs(hidden[None], targets[None], model.get_output_embeddings(), temperature,
                                      chunk_tokens, with_entropy, final_logits_transform(model))  # (1, T)
+    if empty:
+        return logp.new_zeros(N, R) + 0 * logp.sum(), logp.new_zeros(N, R) if with_entropy else None
     out = logp.new_zeros(N * R).index_put((packed.where,), logp[0]).view(N, R)
     if with_entropy:
         entropy = entropy.new_zeros(N * R).index_put((packed.where,), entropy[0]).view(N, R)

@@ -65,8 +65,9 @@ def plain_causal(model) -> bool:
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, R: int, share_prompts: bool = True,
          one_bin: bool = False, pad_id: int = 0, hidden: int = 1024) -> Packed:
     """Lay out a micro-batch's real tokens (see the module docstring). share_prompts: adjacent rows with the same
-    prompt (a group) lay it once; one_bin: a single bin (varlen kernels), else the bins of `bin_capacity`
-    (`hidden`: the model's hidden size, which weighs a bin's attention against its tokens)."""
+    prompt (a group) lay it once, unless laying each row whole costs less (a group's unit so long that its
+    attention outweighs the tokens saved); one_bin: a single bin (varlen kernels), else the bins of
+    `bin_capacity` (`hidden`: the model's hidden size, which weighs a bin's attention against its tokens)."""
     N, width = input_ids.shape
     P = width - R
     real = attention_mask.bool()
@@ -74,22 +75,26 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, R: int, share_pr
     first = torch.ones(N, dtype=torch.bool)                       # (N,) a new prompt starts at this row
     if share_prompts and N > 1:
         first[1:] = ((input_ids[1:, :P] != input_ids[:-1, :P]) | (real[1:, :P] != real[:-1, :P])).any(1).cpu()
-    # units: lists of pieces (row, "prompt" | "response" | "row"); a unit never spans two bins
-    units: list[list[tuple[int, str]]] = []
-    for r in range(N):
-        if not share_prompts:
-            units.append([(r, "row")])
-        elif first[r]:
-            units.append([(r, "prompt"), (r, "response")])
-        else:
-            units[-1].append((r, "response"))
     lengths = real.sum(1).tolist()
     prompt_len, cols = real[:, :P].sum(1).tolist(), [real[r, P:].nonzero().squeeze(1) for r in range(N)]
     piece_len = {"row": lambda r: lengths[r], "prompt": lambda r: prompt_len[r],
                  "response": lambda r: lengths[r] - prompt_len[r]}
-    sizes = [sum(piece_len[kind](r) for r, kind in unit) for unit in units]
-    bins = _first_fit(sizes, sum(sizes)) if one_bin else bin_capacity(sizes, hidden)
-    L = max(sum(sizes[u] for u in b) for b in bins)
+    # units: lists of pieces (row, "prompt" | "response" | "row"); a unit never spans two bins
+    layouts = []
+    for share in [True, False] if share_prompts else [False]:
+        units: list[list[tuple[int, str]]] = []
+        for r in range(N):
+            if not share:
+                units.append([(r, "row")])
+            elif first[r]:
+                units.append([(r, "prompt"), (r, "response")])
+            else:
+                units[-1].append((r, "response"))
+        sizes = [sum(piece_len[kind](r) for r, kind in unit) for unit in units]
+        bins = _first_fit(sizes, sum(sizes)) if one_bin else bin_capacity(sizes, hidden)
+        L = max(sum(sizes[u] for u in b) for b in bins)
+        layouts.append((cost(len(bins), L, hidden), units, bins, L))
+    _, units, bins, L = min(layouts, key=lambda layout: layout[0])   # the cheaper; sharing when equal
     ids = torch.full((len(bins), L), pad_id, dtype=input_ids.dtype, device=input_ids.device)
     pos = torch.zeros((len(bins), L), dtype=torch.long, device=input_ids.device)
     seg = torch.zeros((len(bins), L), dtype=torch.long, device=input_ids.device)
@@ -114,9 +119,10 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, R: int, share_pr
                     prompt_seg, prompt_last = n_seg, i * L + at + n - 1  # its last state: before response token 0
                 else:
                     start = i * L + at + (prompt_len[r] if kind == "row" else 0)  # the response's first token
-                    k = len(cols[r])
-                    last = start - 1 if kind == "row" else prompt_last
-                    before.append(torch.cat([torch.tensor([last]), torch.arange(start, start + k - 1)])[:k])
+                    states = torch.arange(start - 1, start - 1 + len(cols[r]))  # (k,) k may be 0: no response
+                    if len(states) and kind == "response":
+                        states[0] = prompt_last
+                    before.append(states)
                     where.append(r * R + cols[r].cpu())
                 n_seg += 1
                 at += n
@@ -137,11 +143,16 @@ def bin_capacity(sizes: list[int], hidden: int) -> list[list[int]]:
     best, best_cost = None, float("inf")
     for capacity in sorted({*range(longest, total, longest), total}):
         bins = _first_fit(sizes, capacity)
-        L = max(sum(sizes[u] for u in b) for b in bins)
-        cost = len(bins) * L * (1 + L / (6 * hidden))
-        if cost < best_cost:
-            best, best_cost = bins, cost
+        price = cost(len(bins), max(sum(sizes[u] for u in b) for b in bins), hidden)
+        if price < best_cost:
+            best, best_cost = bins, price
     return best
+
+
+def cost(bins: int, L: int, hidden: int) -> float:
+    """A layout's cost in token passes: bins * L tokens through the layers, bins * L^2 attention scores at
+    1 / (6 * hidden) of a token each (see bin_capacity)."""
+    return bins * L * (1 + L / (6 * hidden))
 
 
 def _first_fit(sizes: list[int], capacity: int) -> list[list[int]]:

@@ -54,8 +54,9 @@ def compute_advantages(cfg, rewards: torch.Tensor, batch: dict[str, torch.Tensor
     (distributed.global_sum), so PPO's whitening and the KL metric are the whole batch's.
 
     GRPO: group_advantages of the rewards (minus kl_coef * each sequence's summed KL with kl_in_reward, verl's
-    use_kl_in_reward); a NaN reward (a judge error) is left out of its group and gets advantage 0. PPO: the outcome reward on the last token (minus the per-token KL), GAE on the
-    critic's values, whitened over the step's tokens (loss.py holds each formula)."""
+    use_kl_in_reward); a NaN reward (a judge error) is left out of its group and gets advantage 0. PPO: the
+    outcome reward on the last token (minus the per-token KL), GAE on the critic's values, whitened over the
+    step's tokens (loss.py holds each formula)."""
     mask = batch["response_mask"]
     kl = kl_penalty(batch["old_logp"], batch["ref_logp"], cfg.kl_estimator) * mask if cfg.kl_in_reward else None
     metrics = {}

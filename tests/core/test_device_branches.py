@@ -18,7 +18,8 @@ from conftest import ROOT
 
 PATTERN = re.compile(r"torch\.cuda\.|\.is_available\(\)|device\.type|\.type == \"cuda\"|flash_attn|"
                      r"flash_attention|bitsandbytes|is_autocast_enabled|mkldnn|_for_cpu\b|mem_get_info")
-NOT_DEVICE = re.compile(r"\bdist\.is_available\(\)")      # torch.distributed's presence, on every machine
+# torch.distributed's presence (on every machine), and a config field's type (a value, not a branch)
+NOT_DEVICE = re.compile(r"\bdist\.is_available\(\)|^\s*\w+: Literal\[.*")
 TAG = re.compile(r"#\s*device-branch:\s*([a-z0-9_./-]+)")
 SOURCES = [*sorted((ROOT / "minirl").rglob("*.py")), ROOT / "train.py", ROOT / "eval.py",
            *sorted((ROOT / "recipes").glob("*.py"))]

@@ -36,3 +36,13 @@ def test_chunked_rollouts_sampler_metrics_and_packed_fsdp_passes_on_two_processe
 def approx(value: float, rel: float = 1e-5):
     import pytest
     return pytest.approx(value, rel=rel, abs=1e-6)
+
+
+def test_fsdp_runs_equal_packed_passes_with_unequal_groups_and_widths(tmp_path, tiny_path):
+    """Packed micro-batches come from each process's own real lengths (here different groups kept and different
+    widths): every process must still run as many passes, or FSDP's collectives hang (train.packed_micro_batches)."""
+    rows, ranks = launch(tmp_path, "uneven_rewards,uneven_width,count_packing", "--max_steps", "3", "--group_size",
+                         "4", "--prompts_per_step", "4", "--dynamic_sampling", "true", "--max_sampling_rounds", "1",
+                         "--fsdp", "true", "--pack_sequences", "true", "--micro_batch_tokens", "40", "--val_files", "")
+    assert len(rows) == 3 and all(r["batch/groups"] + r["batch/groups_dropped"] == 8 for r in rows)
+    assert ranks[0]["packed"]["calls"] == ranks[1]["packed"]["calls"] > 3

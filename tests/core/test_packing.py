@@ -20,7 +20,7 @@ SHARED = 7 * 2 + 5 * 1  # prompt tokens a packed pass does not repeat: group 0's
 
 def ragged_batch(vocab: int, pad_id: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """6 rows: a group of 3 sharing a prompt, a group of 2 left-padded by 2, a lone row left-padded by 4; ragged
-    response lengths (one of 1 token, one of all R)."""
+    response lengths (one of no token, one of all R)."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab, (6, P + R), generator=g)
     mask = torch.ones_like(ids)
@@ -28,7 +28,7 @@ def ragged_batch(vocab: int, pad_id: int, seed: int = 0) -> tuple[torch.Tensor, 
     ids[4, :P] = ids[3, :P]
     for r, pad in [(3, 2), (4, 2), (5, 4)]:
         mask[r, :pad], ids[r, :pad] = 0, pad_id
-    for r, n in enumerate([9, 3, 5, 1, 7, 6]):
+    for r, n in enumerate([9, 3, 5, 0, 7, 6]):   # row 3: no response (a dynamic-sampling filler row)
         mask[r, P + n:], ids[r, P + n:] = 0, pad_id
     return ids, mask
 
@@ -151,17 +151,36 @@ def test_packed_rows_on_a_varlen_kernel_run_varlen_and_equal_the_padded_ones(ran
     assert float((got - want)[real].abs().max()) <= 8 * 2 ** -8 * float(want[real].abs().max())  # bf16 rounding
 
 
-def test_a_group_longer_shared_than_padded_is_packed_row_by_row(random_model, tiny_tokenizer, layouts):
-    """One group of 6 long responses on a 2-token prompt: laid as one unit (2 + 6 * 9 tokens) its attention would
-    cost more than the padded rows' (6 x 11 wide), so each row is laid whole instead, and the numbers are equal."""
+def test_a_group_whose_shared_attention_costs_more_than_it_saves_is_laid_row_by_row(monkeypatch, random_model,
+                                                                                    tiny_tokenizer):
+    """One group of 6 long responses on a 2-token prompt: laid as one unit (2 + 6 * 9 tokens) it saves 10 prompt
+    tokens; where attention weighs much (a small hidden size) its 56^2 scores cost more than 6 rows of 11^2, so
+    each row is laid whole; where it weighs little, the prompt is shared. Both give the padded numbers."""
     ids, _ = ragged_batch(random_model.config.vocab_size, tiny_tokenizer.pad_token_id, seed=1)
     ids[:, :P] = ids[0, :P]
     mask = torch.ones_like(ids)
     mask[:, :P - 2] = 0
     with torch.no_grad():
         want, _ = token_logprobs(random_model, ids, mask, R)
-        got, _ = logprobs.packed_logprobs(random_model, ids, mask, R)
-    assert_close_at_scale(got, want)
-    assert len(layouts) == 2 and bool((layouts[0].context != layouts[0].segment).any())   # tried shared first
-    assert not bool((layouts[1].context != layouts[1].segment).any())
-    assert layouts[1].ids.numel() * layouts[1].ids.shape[1] <= ids.numel() * ids.shape[1]
+    real_pack = packing.pack
+    for hidden, shared in [(1, False), (10 ** 6, True)]:
+        monkeypatch.setattr(packing, "pack", lambda *a, _h=hidden, **k: real_pack(*a, **{**k, "hidden": _h}))
+        with torch.no_grad():
+            got, _ = logprobs.packed_logprobs(random_model, ids, mask, R)
+        assert_close_at_scale(got, want)
+        laid = packing.pack(ids, mask, R)
+        assert bool((laid.context != laid.segment).any()) == shared
+        assert int(laid.laid.sum()) == int(mask.sum()) - (10 if shared else 0)
+
+
+def test_a_micro_batch_without_response_tokens_still_has_a_graph_through_every_weight(random_model, batch):
+    """Dynamic sampling's filler rows (no response token): zeros, and a backward that reaches every weight (with
+    zero gradients), as every other micro-batch's does: FSDP's collectives run on every process alike."""
+    ids, mask = batch
+    mask = mask.clone()
+    mask[:, P:] = 0
+    logp, ent = logprobs.packed_logprobs(random_model, ids, mask, R, with_entropy=True)
+    assert (logp == 0).all() and (ent == 0).all() and logp.requires_grad
+    logp.sum().backward()
+    grads = [p.grad for p in random_model.parameters() if p.requires_grad]
+    assert all(g is not None and (g == 0).all() for g in grads)

@@ -32,7 +32,7 @@ import torch
 import train
 from minirl import packing, rollout, sampling
 from minirl.distributed import gathered, is_sharded, world_size
-from minirl.rollout import Rollout, concat_rollouts
+from minirl.rollout import concat_rollouts
 
 
 def rank() -> int:
@@ -92,8 +92,9 @@ def install_hooks(hooks: set[str], group_size: int) -> None:
         extra = 5 * rank() if "uneven_width" in hooks else 0
         if extra:
             pad = lambda t, v: torch.cat([t, t.new_full((t.shape[0], extra), v)], dim=1)  # noqa: E731
-            out = Rollout(out.prompt_ids, out.prompt_mask, pad(out.response_ids, tokenizer.pad_token_id),
-                          pad(out.response_mask, 0), out.truncated, out.texts, out.group_size)
+            out = replace(out, response_ids=pad(out.response_ids, tokenizer.pad_token_id),
+                          response_mask=pad(out.response_mask, 0),  # and the engine's log-probs, kept: 0 there
+                          sampler_logp=None if out.sampler_logp is None else pad(out.sampler_logp, 0.0))
         if "perturbed_sampler" in hooks:
             shift = torch.zeros_like(out.sampler_logp)
             shift[1::2] = 0.5                    # rows 1, 3, ... of each group (G even): the same on any process
