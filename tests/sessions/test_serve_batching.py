@@ -58,6 +58,8 @@ def test_four_concurrent_requests_run_as_one_generate_of_one_decoder_call_per_st
     # a long window, ended by the 4th request's rows filling max_batch_rows: the batch cannot depend on timing
     server = serve(random_sampler, random_sampler.tokenizer, "m", port=0, batch_window_s=60, max_batch_rows=4)
     client = openai.OpenAI(base_url=server.url, api_key="unused", timeout=120, max_retries=0)
+    from minirl.engines import decode
+    decode.check_model(random_sampler.model)  # the decode loop's one-time check at load, before counting
     calls = DecoderCalls(random_sampler.model)
     try:
         asks = [lambda i=i: client.chat.completions.create(

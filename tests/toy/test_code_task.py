@@ -137,7 +137,7 @@ def test_a_training_step_counts_the_verdicts_of_its_samples(judge, tiny_path):
     from minirl.rewards import CODE_VERDICTS
     from minirl.rollout import sample
     from minirl.sampling import sample_and_score
-    assert CODE_VERDICTS == (*VERDICTS, "no code")
+    assert CODE_VERDICTS == (*VERDICTS, "JE", "no code")
     rows = code_task_rows(2, 3, "test", "python", shot=False)  # short prompts: the tiny model's context is 512
     p = problems(2, 3, "test")
     texts = [fenced(p[0].python, "python"), fenced(p[0].slip, "python"), fenced("print(", "python"), "no code",
